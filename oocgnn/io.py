@@ -1,0 +1,547 @@
+"""Feature readers: O_DIRECT (thread pool or io_uring), mmap and in-memory, with exact I/O stats.
+
+All readers share one interface (`read_rows`, `read_range`) and return identical rows. The file
+holds `num_rows` rows of `dim` items at `row_stride` bytes from `offset`; padding is ignored.
+"""
+from __future__ import annotations
+
+import dataclasses
+import errno
+import math
+import mmap
+import os
+import threading
+import time
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from .errors import StoreError, UserError
+
+try:  # optional: io_uring binding (pinned in requirements.txt); the thread pool works without it
+    import liburing as _L
+except ImportError:  # pragma: no cover - depends on the environment
+    _L = None
+
+PAGE = 4096
+
+
+def feature_row_stride(row_bytes: int) -> int:
+    """On-disk row stride: next power of two (<= 4 KiB rows never straddle a page), else pages."""
+    row_bytes = int(row_bytes)
+    if row_bytes <= 0:
+        raise UserError(f"row size must be > 0 bytes, got {row_bytes}")
+    if row_bytes <= PAGE:
+        return 1 << (row_bytes - 1).bit_length()
+    return -(-row_bytes // PAGE) * PAGE
+
+
+@dataclasses.dataclass
+class IOStats:
+    """Cumulative I/O accounting of one reader (exact for DirectReader).
+
+    bytes_requested = useful bytes (unique rows per call * row_bytes);
+    bytes_read = pages * 4096 moved from the device (MmapReader: pages touched, an upper bound
+    because pages already in the page cache are counted too; MemoryReader: 0).
+    """
+    calls: int = 0          # read_rows / read_range calls
+    requests: int = 0       # device requests issued (preadv calls or io_uring SQEs)
+    rows: int = 0           # rows returned, duplicates included
+    unique_rows: int = 0    # distinct rows per call, summed over calls
+    pages: int = 0          # 4 KiB pages read
+    bytes_requested: int = 0
+    bytes_read: int = 0
+    seconds: float = 0.0    # wall time inside read calls
+
+    def reset(self) -> None:
+        for f in dataclasses.fields(self):
+            setattr(self, f.name, f.default)
+
+    def snapshot(self) -> "IOStats":
+        return dataclasses.replace(self)
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def __sub__(self, other: "IOStats") -> "IOStats":
+        return IOStats(*(getattr(self, f.name) - getattr(other, f.name)
+                         for f in dataclasses.fields(self)))
+
+    def __add__(self, other: "IOStats") -> "IOStats":
+        return IOStats(*(getattr(self, f.name) + getattr(other, f.name)
+                         for f in dataclasses.fields(self)))
+
+    def delta(self, before: "IOStats") -> "IOStats":
+        """Stats accumulated since `before = stats.snapshot()`."""
+        return self - before
+
+
+def _n_unique(ids: np.ndarray, n: int) -> int:
+    if len(ids) * 8 >= n:  # a bitmap beats a sort when the call covers much of the table
+        seen = np.zeros(n, bool)
+        seen[ids] = True
+        return int(np.count_nonzero(seen))
+    return int(np.unique(ids).size)
+
+
+class FeatureReader:
+    """Base class: validation, stats, locking and context-manager support."""
+    kind = "base"
+
+    def __init__(self, path, num_rows, dim, row_stride=None, dtype=np.float32, offset=0):
+        self.path = None if path is None else os.fspath(path)
+        self.num_rows, self.dim, self.offset = int(num_rows), int(dim), int(offset)
+        self.dtype = np.dtype(dtype)
+        isz = self.dtype.itemsize
+        if self.num_rows < 0 or self.dim < 1 or self.offset < 0:
+            raise UserError(f"bad feature layout: num_rows={num_rows}, dim={dim}, offset={offset}")
+        self.row_bytes = self.dim * isz
+        self.row_stride = feature_row_stride(self.row_bytes) if row_stride is None else int(row_stride)
+        if self.row_stride < self.row_bytes or self.row_stride % isz or self.offset % isz or PAGE % isz:
+            raise UserError(f"bad feature layout: row_stride={self.row_stride} must be >= row size "
+                            f"{self.row_bytes} and, like offset={offset}, a multiple of {isz}")
+        self.stats = IOStats()
+        self.closed = False
+        self._lock = threading.Lock()  # one call at a time: buffers and the ring are shared
+
+    def _file_size(self) -> int:
+        """File size; StoreError if the file is missing or too small for the layout."""
+        need = self.offset + ((self.num_rows - 1) * self.row_stride + self.row_bytes if self.num_rows else 0)
+        try:
+            size = os.stat(self.path).st_size
+        except OSError as e:
+            raise StoreError(f"cannot open feature file {self.path}: {e.strerror}") from None
+        if size < need:
+            raise StoreError(f"feature file {self.path} is truncated: {size} bytes, the layout "
+                             f"({self.num_rows} rows x stride {self.row_stride} + offset {self.offset}) needs {need}")
+        return size
+
+    def _check_ids(self, ids) -> np.ndarray:
+        ids = np.asarray(ids)
+        if ids.ndim != 1:
+            raise UserError(f"row ids must be a 1-D array, got shape {ids.shape}")
+        if ids.size == 0:
+            return ids.astype(np.int64)
+        if ids.dtype.kind not in "iu":
+            raise TypeError(f"row ids must be integers, got dtype {ids.dtype}")
+        lo, hi = ids.min(), ids.max()
+        if lo < 0 or hi >= self.num_rows:
+            bad = lo if lo < 0 else hi
+            raise IndexError(f"row id {bad} out of range [0, {self.num_rows}) for {self.path or 'array'}")
+        return ids.astype(np.int64, copy=False)
+
+    def read_rows(self, ids) -> np.ndarray:
+        """Rows `ids` (any order, duplicates allowed) as a fresh C-contiguous [len(ids), dim] array."""
+        ids = self._check_ids(ids)
+        with self._lock:
+            self._check_open()
+            t = time.perf_counter()
+            out = self._read_rows(ids)
+            self.stats.seconds += time.perf_counter() - t
+        return out
+
+    def read_range(self, lo: int, hi: int) -> np.ndarray:
+        """Rows lo..hi-1 as a fresh C-contiguous [hi-lo, dim] array (one sequential read)."""
+        lo, hi = int(lo), int(hi)
+        if not 0 <= lo <= hi <= self.num_rows:
+            raise IndexError(f"row range [{lo}, {hi}) out of range [0, {self.num_rows}]")
+        with self._lock:
+            self._check_open()
+            t = time.perf_counter()
+            out = self._read_range(lo, hi)
+            self.stats.seconds += time.perf_counter() - t
+        return out
+
+    def _count(self, rows, unique, requests, pages):
+        s = self.stats
+        s.calls += 1
+        s.rows += rows
+        s.unique_rows += unique
+        s.requests += requests
+        s.pages += pages
+        s.bytes_requested += unique * self.row_bytes
+        s.bytes_read += pages * PAGE
+
+    def _page_spans(self, rows: np.ndarray):
+        pos = self.offset + rows * self.row_stride
+        return pos, pos // PAGE, (pos + self.row_bytes - 1) // PAGE
+
+    def _check_open(self):
+        if self.closed:
+            raise ValueError(f"{type(self).__name__} for {self.path} is closed")
+
+    def close(self) -> None:
+        self.closed = True
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self):
+        return (f"{type(self).__name__}({self.path!r}, num_rows={self.num_rows}, dim={self.dim}, "
+                f"row_stride={self.row_stride}, dtype={self.dtype.name})")
+
+
+class DirectReader(FeatureReader):
+    """O_DIRECT reads: rows are sorted, coalesced by page and read with many requests in flight.
+
+    backend "uring" (liburing, one thread, up to `queue_depth` in flight) or "threads" (a
+    persistent pool of `threads` workers calling os.preadv, which releases the GIL); "auto"
+    picks uring when it imports and passes a self-test read. Where O_DIRECT is unsupported the
+    reader falls back to buffered reads (`direct=False`) and drops the page cache after each call.
+    """
+    kind = "direct"
+
+    def __init__(self, path, num_rows, dim, row_stride=None, dtype=np.float32, offset=0, *,
+                 threads=16, backend="auto", max_request=128 * 1024, queue_depth=64,
+                 range_request=1 << 20, range_depth=2, buffer_bytes=64 << 20):
+        super().__init__(path, num_rows, dim, row_stride, dtype, offset)
+        if backend not in ("auto", "threads", "uring"):
+            raise UserError(f"unknown backend {backend!r}: use auto, threads or uring")
+        self.threads, self.queue_depth = max(1, int(threads)), max(1, int(queue_depth))
+        self.max_request = max(PAGE, int(max_request) // PAGE * PAGE)
+        self.range_request = max(PAGE, int(range_request) // PAGE * PAGE)
+        self.range_depth = max(1, int(range_depth))
+        self._size = self._file_size()
+        self._buf_pages = max(1, int(buffer_bytes) // PAGE)
+        self._buf, self._mv, self._pool, self._ring = None, None, None, None
+        # rows sit at multiples of `slot` bytes inside any page-aligned buffer: a strided view
+        # with this slot size addresses every row, so extraction is one fancy-index gather
+        self._slot = math.gcd(PAGE, self.row_stride, self.offset)
+        # rows that tile whole pages keep whole rows per request under the max_request cap
+        self._row_pages = self.row_stride // PAGE if (self.row_stride % PAGE == 0 and self.offset % PAGE == 0) else 1
+        self.direct = True
+        self._fd = None
+        try:
+            self._fd = os.open(self.path, os.O_RDONLY | os.O_DIRECT)
+            self._ensure(2 * PAGE)
+            os.preadv(self._fd, [self._mv[:PAGE]], 0)  # some file systems reject only the read
+        except OSError as e:
+            if e.errno != errno.EINVAL:
+                raise
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
+        if self._fd is None:
+            self.direct = False
+            warnings.warn(f"O_DIRECT is not supported for {self.path}; using buffered reads and "
+                          "dropping the page cache after each call", RuntimeWarning, stacklevel=2)
+            self._fd = os.open(self.path, os.O_RDONLY)
+            os.posix_fadvise(self._fd, 0, 0, os.POSIX_FADV_RANDOM)  # no read-ahead: honest counts
+        self.backend = "threads"
+        if backend != "threads":
+            err = self._init_uring()
+            if err is None:
+                self.backend = "uring"
+            elif backend == "uring":
+                raise UserError(f"io_uring backend unavailable: {err}")
+
+    def _init_uring(self):
+        """Set up the ring and check one read against preadv; returns an error string or None."""
+        if _L is None:
+            return "liburing is not installed"
+        try:
+            ring = _L.Ring()
+            _L.io_uring_queue_init(self.queue_depth, ring)
+        except Exception as e:  # kernel without io_uring, seccomp, ...
+            return f"io_uring_queue_init failed: {e}"
+        self._ring, self._cqe = ring, _L.Cqe()
+        try:
+            self._ensure(2 * PAGE)
+            n = os.preadv(self._fd, [self._mv[:PAGE]], 0)
+            self._uring([0], [PAGE], [PAGE], self._mv, 1)
+            if self._mv[:n] != self._mv[PAGE:PAGE + n]:
+                raise OSError("io_uring self-test read returned different bytes than preadv")
+        except Exception as e:
+            _L.io_uring_queue_exit(ring)
+            self._ring = None
+            return f"self-test failed: {e}"
+        return None
+
+    def _ensure(self, nbytes: int) -> None:
+        """Persistent page-aligned buffer (anonymous mmap: only touched pages use RAM)."""
+        if self._buf is None or len(self._buf) < nbytes:
+            self._mv = self._iov = None  # cached Iovecs point into the old buffer
+            self._buf = mmap.mmap(-1, max(nbytes, self._buf_pages * PAGE))
+            self._mv = memoryview(self._buf)
+            self._iov = [None] * (len(self._buf) // PAGE)
+
+    # -- issuing requests ----------------------------------------------------------------
+    def _issue(self, offs, lens, bofs, mv, depth):
+        """Read lens[i] bytes at file offset offs[i] into mv[bofs[i]:], `depth` in flight."""
+        if self._ring is not None:
+            return self._uring(offs, lens, bofs, mv, min(depth, self.queue_depth))
+        k = min(depth, len(offs))
+        if k <= 1:
+            return self._worker(offs, lens, bofs, mv)
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="oocgnn-io")
+        # interleaved split: each worker walks its share in file order (sequential for ranges)
+        futs = [self._pool.submit(self._worker, offs[w::k], lens[w::k], bofs[w::k], mv) for w in range(k)]
+        for f in futs:
+            f.result()
+
+    def _worker(self, offs, lens, bofs, mv):
+        fd, preadv = self._fd, os.preadv
+        for off, ln, bo in zip(offs, lens, bofs):
+            got = preadv(fd, [mv[bo:bo + ln]], off)
+            if got != ln:
+                self._finish(off, ln, bo, mv, got)
+
+    def _finish(self, off, ln, bo, mv, got):
+        """Complete a short read synchronously; only the end of the file may be short."""
+        end = min(ln, self._size - off)
+        while got < end:
+            n = os.preadv(self._fd, [mv[bo + got:bo + ln]], off + got)
+            if n <= 0:
+                raise OSError(errno.EIO, f"short read at offset {off + got} of {self.path}")
+            got += n
+
+    def _uring(self, offs, lens, bofs, mv, depth):
+        L, ring, cqe, fd = _L, self._ring, self._cqe, self._fd
+        get_sqe, prep, set_data, Iovec = L.io_uring_get_sqe, L.io_uring_prep_readv, L.io_uring_sqe_set_data64, L.Iovec
+        wait, seen, ready = L.io_uring_wait_cqe, L.io_uring_cqe_seen, L.io_uring_cq_ready
+        # one-page Iovecs into the persistent buffer are cached: building one costs ~1 us
+        cache = self._iov if mv is self._mv else None
+        n, sub, done, inflight = len(offs), 0, 0, 0
+        keep = {}  # an Iovec holds raw pointers: keep it alive until its CQE arrives
+        short, err = [], None
+        batch = max(1, depth // 4)  # reap in batches: one syscall per batch, not per request
+        while done < n:
+            while sub < n and inflight < depth:
+                bo, ln = bofs[sub], lens[sub]
+                if cache is not None and ln == PAGE:
+                    iov = cache[bo // PAGE]
+                    if iov is None:
+                        iov = cache[bo // PAGE] = Iovec([mv[bo:bo + PAGE]])
+                else:
+                    iov = keep[sub] = Iovec([mv[bo:bo + ln]])
+                sqe = get_sqe(ring)
+                prep(sqe, fd, iov, offs[sub])
+                set_data(sqe, sub)
+                sub += 1
+                inflight += 1
+            L.io_uring_submit_and_wait(ring, min(inflight, batch))
+            for _ in range(ready(ring)):
+                # the binding's cqe[j>0] is unreliable: take completions one at a time via cqe[0]
+                wait(ring, cqe)
+                c = cqe[0]
+                res, i = c.res, c.user_data
+                seen(ring, c)
+                inflight -= 1
+                done += 1
+                if res != lens[i]:
+                    if res < 0:
+                        err = err or OSError(-res, f"{os.strerror(-res)} reading {self.path} at {offs[i]}")
+                    else:
+                        short.append((i, res))
+        keep.clear()
+        if err is not None:  # raised only after the ring is drained: no reads land later
+            raise err
+        for i, res in short:
+            self._finish(offs[i], lens[i], bofs[i], mv, res)
+
+    def _done_call(self):
+        if not self.direct:  # keep buffered-fallback reads honest: nothing stays cached
+            os.posix_fadvise(self._fd, 0, 0, os.POSIX_FADV_DONTNEED)
+
+    # -- reads -------------------------------------------------------------------------
+    def _read_rows(self, ids):
+        n = len(ids)
+        if n == 0:
+            self._count(0, 0, 0, 0)
+            return np.empty((0, self.dim), self.dtype)
+        order = np.argsort(ids, kind="stable")
+        s = ids[order]
+        newu = np.empty(n, bool)
+        newu[0] = True
+        np.not_equal(s[1:], s[:-1], out=newu[1:])
+        ustart = np.flatnonzero(newu)          # sorted position of each unique row's first copy
+        uid = np.cumsum(newu) - 1              # unique index of each sorted position
+        uniq = s[ustart]
+        nu = len(uniq)
+        pos, first, last = self._page_spans(uniq)
+        # a new request starts at a gap between page spans, or where the max_request cap is reached
+        brk = np.empty(nu, bool)
+        brk[0] = True
+        np.greater(first[1:], last[:-1] + 1, out=brk[1:])
+        run_first = first[brk][np.cumsum(brk) - 1]
+        cap = max(self._row_pages, self.max_request // PAGE // self._row_pages * self._row_pages)
+        blk = (first - run_first) // cap
+        brk[1:] |= blk[1:] != blk[:-1]
+        rstart = np.flatnonzero(brk)           # first unique row of each request
+        req = np.cumsum(brk) - 1               # request of each unique row
+        rfirst = first[rstart]
+        rpages = last[np.append(rstart[1:], nu) - 1] - rfirst + 1
+        rend = np.cumsum(rpages)               # end page of each request in a virtual buffer
+        rbuf = rend - rpages
+        ubyte = (rbuf - rfirst)[req] * PAGE + pos  # byte of each unique row in that buffer
+        nreq = len(rstart)
+        self._count(n, nu, nreq, int(rend[-1]))
+        inv = np.empty(n, np.int64)
+        inv[order] = uid                       # unique index of each requested position
+        slot, isz = self._slot, self.dtype.itemsize
+        uniq_rows = None                       # [nu, dim] staging, only when chunks are needed
+        i = 0
+        while i < nreq:  # chunks of requests that fit the persistent buffer
+            base = int(rbuf[i])
+            j = max(i + 1, int(np.searchsorted(rend, base + self._buf_pages, "right")))
+            nbytes = int(rend[j - 1] - base) * PAGE
+            self._ensure(nbytes)
+            self._issue((rfirst[i:j] * PAGE).tolist(), (rpages[i:j] * PAGE).tolist(),
+                        ((rbuf[i:j] - base) * PAGE).tolist(), self._mv, self.threads)
+            flat = np.frombuffer(self._buf, self.dtype, nbytes // isz)
+            view = np.lib.stride_tricks.as_strided(
+                flat, ((nbytes - self.row_bytes) // slot + 1, self.dim), (slot, isz), writeable=False)
+            ua, ub = rstart[i], (rstart[j] if j < nreq else nu)
+            slots = (ubyte[ua:ub] - base * PAGE) // slot
+            if i == 0 and j == nreq:           # one chunk: gather straight in requested order
+                out = view[slots[inv]]
+            else:
+                if uniq_rows is None:
+                    uniq_rows = np.empty((nu, self.dim), self.dtype)
+                np.take(view, slots, axis=0, out=uniq_rows[ua:ub])
+            i = j
+        if uniq_rows is not None:
+            out = uniq_rows if nu == n and (order[1:] > order[:-1]).all() else uniq_rows[inv]
+        self._done_call()
+        return out
+
+    def _read_range(self, lo, hi):
+        n = hi - lo
+        if n == 0:
+            self._count(0, 0, 0, 0)
+            return np.empty((0, self.dim), self.dtype)
+        start = self.offset + lo * self.row_stride
+        p0, p1 = start // PAGE, (self.offset + (hi - 1) * self.row_stride + self.row_bytes - 1) // PAGE + 1
+        offs = list(range(p0 * PAGE, p1 * PAGE, self.range_request))
+        lens = [min(self.range_request, p1 * PAGE - o) for o in offs]
+        self._count(n, n, len(offs), p1 - p0)
+        buf = mmap.mmap(-1, (p1 - p0) * PAGE)  # fresh: when rows are unpadded it IS the result
+        mv = memoryview(buf)
+        self._issue(offs, lens, [o - p0 * PAGE for o in offs], mv, self.range_depth)
+        del mv
+        self._done_call()
+        a = np.ndarray((n, self.dim), self.dtype, buffer=buf, offset=start - p0 * PAGE,
+                       strides=(self.row_stride, self.dtype.itemsize))
+        return a if self.row_stride == self.row_bytes else np.ascontiguousarray(a)
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        super().close()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+        if self._ring is not None:
+            _L.io_uring_queue_exit(self._ring)
+            self._ring = None
+        os.close(self._fd)
+        self._mv = self._buf = None
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+class MmapReader(FeatureReader):
+    """np.memmap baseline with MADV_RANDOM (default 8 MiB read-around would read whole files).
+
+    Stats count pages touched per call as bytes_read: an upper bound (resident pages are free).
+    """
+    kind = "mmap"
+
+    def __init__(self, path, num_rows, dim, row_stride=None, dtype=np.float32, offset=0, *, advice="random"):
+        super().__init__(path, num_rows, dim, row_stride, dtype, offset)
+        self._file_size()
+        self._mm = None
+        self._view = np.empty((0, self.dim), self.dtype)
+        if self.num_rows:
+            span = (self.num_rows - 1) * self.row_stride + self.row_bytes
+            self._mm = np.memmap(self.path, np.uint8, "r", offset=self.offset, shape=(span,))
+            if advice == "random":
+                self._mm._mmap.madvise(mmap.MADV_RANDOM)
+            self._view = np.ndarray((self.num_rows, self.dim), self.dtype, buffer=self._mm,
+                                    strides=(self.row_stride, self.dtype.itemsize))
+
+    def _read_rows(self, ids):
+        u = np.unique(ids)
+        self._count_pages(len(ids), u)
+        return self._view[ids]
+
+    def _read_range(self, lo, hi):
+        self._count_pages(hi - lo, np.arange(lo, hi))
+        return np.ascontiguousarray(self._view[lo:hi])
+
+    def _count_pages(self, n, u):
+        if len(u) == 0:
+            return self._count(n, 0, 0, 0)
+        _, first, last = self._page_spans(u)
+        eff = np.maximum(first, np.concatenate(([-1], last[:-1] + 1)))  # union of sorted spans
+        pages = int(np.maximum(last - eff + 1, 0).sum())
+        self._count(n, len(u), pages, pages)  # one fault per page under MADV_RANDOM
+
+    def drop_cache(self) -> None:
+        """Evict this file from the page cache (unmap our pages first: mapped pages stay)."""
+        if self._mm is not None:
+            self._mm._mmap.madvise(mmap.MADV_DONTNEED)
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+    def close(self) -> None:
+        super().close()
+        self._view, self._mm = None, None
+
+
+class MemoryReader(FeatureReader):
+    """All rows in RAM: loaded once with sequential direct reads, or wrapping an array."""
+    kind = "memory"
+
+    def __init__(self, path, num_rows, dim, row_stride=None, dtype=np.float32, offset=0, *,
+                 chunk_bytes=64 << 20, **direct_kw):
+        super().__init__(path, num_rows, dim, row_stride, dtype, offset)
+        self.data = np.empty((self.num_rows, self.dim), self.dtype)
+        step = max(1, int(chunk_bytes) // self.row_stride)
+        with DirectReader(path, num_rows, dim, row_stride, dtype, offset, **direct_kw) as r:
+            for lo in range(0, self.num_rows, step):
+                self.data[lo:lo + step] = r.read_range(lo, min(lo + step, self.num_rows))
+        self.load_stats = r.stats  # the load's I/O; `stats` counts only calls afterwards
+
+    @classmethod
+    def from_array(cls, arr) -> "MemoryReader":
+        arr = np.ascontiguousarray(arr)
+        if arr.ndim != 2:
+            raise UserError(f"features must be a 2-D array, got shape {arr.shape}")
+        self = cls.__new__(cls)
+        FeatureReader.__init__(self, None, arr.shape[0], arr.shape[1], None, arr.dtype)
+        self.data, self.load_stats = arr, IOStats()
+        return self
+
+    def _read_rows(self, ids):
+        self._count(len(ids), _n_unique(ids, self.num_rows) if len(ids) else 0, 0, 0)
+        return np.take(self.data, ids, axis=0)
+
+    def _read_range(self, lo, hi):
+        self._count(hi - lo, hi - lo, 0, 0)
+        return self.data[lo:hi].copy()
+
+    def close(self) -> None:
+        super().close()
+        self.data = None
+
+
+READERS = {"direct": DirectReader, "mmap": MmapReader, "memory": MemoryReader}
+
+
+def open_reader(kind, path, num_rows, dim, row_stride=None, dtype=np.float32, **kw) -> FeatureReader:
+    """Reader by name: "direct", "mmap" or "memory"; `kw` goes to the reader's constructor."""
+    if kind not in READERS:
+        raise UserError(f"unknown reader {kind!r}: choose one of {', '.join(READERS)}")
+    return READERS[kind](path, num_rows, dim, row_stride, dtype, **kw)

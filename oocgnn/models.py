@@ -1,0 +1,104 @@
+"""GNN models on DGL blocks (message-flow graphs): GraphSAGE, GAT, GIN, and an MLP control.
+
+Every model takes `(blocks, x)` where `x` holds the input rows of `blocks[0]` and returns
+logits for the destination nodes of `blocks[-1]` (the seeds). DGL puts a block's
+destination nodes first among its sources, which is what `h[:block.num_dst_nodes()]` uses.
+"""
+from __future__ import annotations
+
+import dgl.nn as dglnn
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .errors import UserError
+
+
+class SAGE(nn.Module):
+    """GraphSAGE with mean aggregation (Hamilton et al. 2017), as in DGL's example."""
+
+    def __init__(self, in_dim, hidden, out_dim, num_layers=2, dropout=0.5):
+        super().__init__()
+        dims = [in_dim] + [hidden] * (num_layers - 1) + [out_dim]
+        self.layers = nn.ModuleList(dglnn.SAGEConv(a, b, "mean") for a, b in zip(dims, dims[1:]))
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, blocks, x):
+        h = x
+        for i, (layer, block) in enumerate(zip(self.layers, blocks)):
+            h = layer(block, (h, h[:block.num_dst_nodes()]))
+            if i < len(self.layers) - 1:
+                h = self.dropout(F.relu(h))
+        return h
+
+
+class GAT(nn.Module):
+    """Graph attention (Veličković et al. 2018): `heads` heads per hidden layer, 1 at the output."""
+
+    def __init__(self, in_dim, hidden, out_dim, num_layers=2, dropout=0.5, heads=4):
+        super().__init__()
+        self.layers = nn.ModuleList()
+        d = in_dim
+        for i in range(num_layers):
+            last = i == num_layers - 1
+            self.layers.append(dglnn.GATConv(d, out_dim if last else hidden // heads,
+                                             1 if last else heads, allow_zero_in_degree=True))
+            d = (hidden // heads) * heads
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, blocks, x):
+        h = x
+        for i, (layer, block) in enumerate(zip(self.layers, blocks)):
+            h = layer(block, (h, h[:block.num_dst_nodes()]))
+            h = h.flatten(1) if i < len(self.layers) - 1 else h.mean(1)
+            if i < len(self.layers) - 1:
+                h = self.dropout(F.elu(h))
+        return h
+
+
+class GIN(nn.Module):
+    """Graph isomorphism network (Xu et al. 2019): sum aggregation, a 2-layer MLP per layer."""
+
+    def __init__(self, in_dim, hidden, out_dim, num_layers=2, dropout=0.5):
+        super().__init__()
+        dims = [in_dim] + [hidden] * num_layers
+        self.layers = nn.ModuleList(
+            dglnn.GINConv(nn.Sequential(nn.Linear(a, b), nn.ReLU(), nn.Linear(b, b)), "sum",
+                          learn_eps=True)
+            for a, b in zip(dims, dims[1:]))
+        self.norms = nn.ModuleList(nn.LayerNorm(hidden) for _ in range(num_layers))
+        self.head = nn.Linear(hidden, out_dim)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, blocks, x):
+        h = x
+        for layer, norm, block in zip(self.layers, self.norms, blocks):
+            h = self.dropout(F.relu(norm(layer(block, (h, h[:block.num_dst_nodes()])))))
+        return self.head(h)
+
+
+class MLP(nn.Module):
+    """Features of the seeds only, no graph: the control that shows what the graph adds."""
+
+    def __init__(self, in_dim, hidden, out_dim, num_layers=2, dropout=0.5):
+        super().__init__()
+        dims = [in_dim] + [hidden] * (num_layers - 1) + [out_dim]
+        self.layers = nn.ModuleList(nn.Linear(a, b) for a, b in zip(dims, dims[1:]))
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, blocks, x):
+        h = x[:blocks[-1].num_dst_nodes()]
+        for i, layer in enumerate(self.layers):
+            h = layer(h)
+            if i < len(self.layers) - 1:
+                h = self.dropout(F.relu(h))
+        return h
+
+
+MODELS = {"sage": SAGE, "gat": GAT, "gin": GIN, "mlp": MLP}
+
+
+def build_model(name, in_dim, hidden, out_dim, num_layers, dropout=0.5) -> nn.Module:
+    if name not in MODELS:
+        raise UserError(f"unknown model {name!r}; choose from {', '.join(MODELS)}")
+    return MODELS[name](in_dim, hidden, out_dim, num_layers=num_layers, dropout=dropout)

@@ -1,0 +1,46 @@
+"""Figures shared by the CLI and the notebooks."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+
+
+def load_runs(run_dirs) -> pd.DataFrame:
+    """Concatenate the log.csv of several run directories, labelled by policy/model/seed."""
+    frames = []
+    for d in map(Path, run_dirs):
+        if not (d / "log.csv").is_file():
+            from .errors import UserError
+            raise UserError(f"{d} is not a run directory (no log.csv)")
+        cfg = json.loads((d / "config.json").read_text())
+        log = pd.read_csv(d / "log.csv")
+        log.insert(0, "run", d.name)
+        log.insert(1, "policy", cfg["policy"])
+        log.insert(2, "model", cfg["model"])
+        log.insert(3, "seed", cfg["seed"])
+        frames.append(log)
+    return pd.concat(frames, ignore_index=True)
+
+
+def plot_time_to_accuracy(runs: pd.DataFrame, ax=None, metric="val_acc", title=None):
+    """Accuracy against training wall time, one line per run."""
+    import matplotlib.pyplot as plt
+    if ax is None:
+        _, ax = plt.subplots(figsize=(6, 4))
+    for run, log in runs.groupby("run", sort=False):
+        ax.plot(log["wall_s"], log[metric], marker="o", ms=3, label=f"{log['policy'].iloc[0]} ({run})")
+    ax.set_xlabel("training wall time (s)")
+    ax.set_ylabel(metric.replace("_", " "))
+    ax.set_title(title or "time to accuracy")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return ax
+
+
+def save_figure(fig, path):
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    return path

@@ -1,0 +1,30 @@
+"""Byte sizes: parse `256MB`, `1.5GiB`, `4096` and format them back."""
+import re
+
+from .errors import UserError
+
+_UNITS = {"": 1, "B": 1,
+          "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+          "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40,
+          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+
+
+def parse_size(text) -> int:
+    """'256MB' -> 256_000_000, '1GiB' -> 2**30, '1G' -> 2**30, 4096 -> 4096."""
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        if text < 0:
+            raise UserError(f"size must be >= 0, got {text}")
+        return int(text)
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", str(text))
+    if not m or m.group(2).upper() not in _UNITS:
+        raise UserError(f"bad size {text!r}: use a number with an optional unit "
+                        "(B, KB, MB, GB, KiB, MiB, GiB), e.g. 256MB")
+    return int(float(m.group(1)) * _UNITS[m.group(2).upper()])
+
+
+def format_size(n: float) -> str:
+    """4.2 GiB style, for tables and messages."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024

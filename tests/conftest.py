@@ -1,0 +1,27 @@
+"""Shared fixtures: small stores written once per session, and the ../shared datasets path."""
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DATASETS = REPO.parent / "shared" / "datasets"
+
+
+def shared_dataset(name: str) -> Path:
+    """Path of a real dataset in ../shared/datasets, or skip the test when it is absent."""
+    path = SHARED_DATASETS / f"{name}.npz"
+    if not path.is_file():
+        pytest.skip(f"{path} not found (real datasets live in ../shared/datasets)")
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_data():
+    from oocgnn.synthetic import generate
+    return generate("tiny")
+
+
+@pytest.fixture(scope="session")
+def tiny_store(tmp_path_factory, tiny_data):
+    from oocgnn.store import write_store
+    return write_store(tiny_data, tmp_path_factory.mktemp("stores") / "tiny", progress=False)

@@ -1,0 +1,166 @@
+"""The on-disk store: round trips, relabelling, atomic writes and validation errors."""
+import json
+
+import numpy as np
+import pytest
+
+from oocgnn.datasets import GraphData, csr_from_edges
+from oocgnn.errors import StoreError, UserError
+from oocgnn.io import PAGE
+from oocgnn.store import open_store, write_store
+
+
+def _graph(n=300, d=100, seed=0):
+    rng = np.random.default_rng(seed)
+    src, dst = rng.integers(0, n, 4 * n), rng.integers(0, n, 4 * n)
+    indptr, indices = csr_from_edges(src, dst, n)
+    ids = rng.permutation(n)
+    return GraphData("g", indptr, indices, rng.standard_normal((n, d)).astype(np.float32),
+                     rng.integers(0, 5, n), ids[:30], ids[30:60], ids[60:120])
+
+
+def _neighbour_sets(indptr, indices):
+    return [set(indices[indptr[v]:indptr[v + 1]].tolist()) for v in range(len(indptr) - 1)]
+
+
+@pytest.mark.parametrize("permute", [False, True])
+def test_round_trip_by_id_mapping(tmp_path, permute):
+    g = _graph()
+    order = np.random.default_rng(1).permutation(g.num_nodes) if permute else None
+    s = write_store(g, tmp_path / "s", order=order, progress=False)
+    orig = s.orig_ids
+    assert sorted(orig) == list(range(g.num_nodes))
+    new_of_old = np.argsort(orig)
+    # features, labels and splits read back equal the input through the id mapping
+    feats = s.reader("memory").read_range(0, s.num_nodes)
+    np.testing.assert_array_equal(feats, g.features[orig])
+    np.testing.assert_array_equal(s.labels, g.labels[orig])
+    for split in ("train_idx", "val_idx", "test_idx"):
+        assert sorted(orig[getattr(s, split)]) == sorted(getattr(g, split))
+    # the CSR is the same graph: neighbours of store id i map back to the source's
+    src_sets = _neighbour_sets(g.indptr, g.indices)
+    store_sets = _neighbour_sets(s.indptr, s.indices)
+    for i in range(s.num_nodes):
+        assert {int(orig[j]) for j in store_sets[i]} == src_sets[orig[i]]
+        row = s.indices[s.indptr[i]:s.indptr[i + 1]]
+        assert np.all(np.diff(row) > 0), "rows are sorted and deduplicated"
+    assert np.array_equal(new_of_old[orig], np.arange(s.num_nodes))
+
+
+def test_row_stride_keeps_rows_inside_pages(tmp_path):
+    s = write_store(_graph(d=100), tmp_path / "s", progress=False)
+    assert s.row_bytes == 400 and s.row_stride == 512
+    assert PAGE % s.row_stride == 0
+    assert s.features_path.stat().st_size == s.num_nodes * 512
+    raw = np.fromfile(s.features_path, dtype=np.float32).reshape(s.num_nodes, 128)
+    assert not raw[:, 100:].any(), "padding is zero"
+
+
+def test_partition_offsets_recorded(tmp_path):
+    g = _graph()
+    s = write_store(g, tmp_path / "s", part_offsets=[0, 100, 250, 300], partitioner="test", progress=False)
+    assert s.num_parts == 3 and list(s.part_offsets) == [0, 100, 250, 300]
+    assert s.summary()["parts"] == 3 and s.meta["partitioner"] == "test"
+
+
+def test_refuses_to_overwrite_and_force_replaces(tmp_path):
+    g = _graph()
+    write_store(g, tmp_path / "s", progress=False)
+    with pytest.raises(UserError, match="already exists"):
+        write_store(g, tmp_path / "s", progress=False)
+    s = write_store(_graph(seed=5), tmp_path / "s", force=True, progress=False)
+    np.testing.assert_array_equal(s.labels, _graph(seed=5).labels)
+    assert [p.name for p in tmp_path.iterdir()] == ["s"], "no temporary directories left"
+
+
+def test_failed_write_leaves_nothing(tmp_path):
+    g = _graph()
+    g.features = _Exploding(g.features)
+    with pytest.raises(RuntimeError):
+        write_store(g, tmp_path / "s", progress=False)
+    assert list(tmp_path.iterdir()) == []
+
+
+class _Exploding:
+    """Feature source that fails halfway, like a disk-full or a killed generator."""
+
+    def __init__(self, arr):
+        self.arr, self.shape, self.dtype = arr, arr.shape, arr.dtype
+
+    def __getitem__(self, ids):
+        raise RuntimeError("source failed")
+
+
+@pytest.fixture
+def store_dir(tmp_path):
+    write_store(_graph(), tmp_path / "s", progress=False)
+    return tmp_path / "s"
+
+
+def test_open_validates(store_dir):
+    s = open_store(store_dir)
+    assert s.num_nodes == 300 and s.feat_dim == 100
+
+
+def test_missing_store(tmp_path):
+    with pytest.raises(StoreError, match="directory not found"):
+        open_store(tmp_path / "nope")
+
+
+def test_missing_file(store_dir):
+    (store_dir / "labels.npy").unlink()
+    with pytest.raises(StoreError, match="missing file labels.npy"):
+        open_store(store_dir)
+
+
+def test_truncated_file(store_dir):
+    with open(store_dir / "features.bin", "r+b") as f:
+        f.truncate(1000)
+    with pytest.raises(StoreError, match="features.bin is truncated"):
+        open_store(store_dir)
+
+
+def test_shape_mismatch(store_dir):
+    np.save(store_dir / "labels.npy", np.zeros(299, dtype=np.int64))
+    meta = json.loads((store_dir / "meta.json").read_text())
+    meta["files"]["labels.npy"]["bytes"] = (store_dir / "labels.npy").stat().st_size
+    (store_dir / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(StoreError, match=r"labels.npy has shape \(299,\)"):
+        open_store(store_dir)
+
+
+def test_dtype_mismatch(store_dir):
+    np.save(store_dir / "labels.npy", np.zeros(300, dtype=np.float64))
+    with pytest.raises(StoreError, match="labels.npy has shape .* dtype float64"):
+        open_store(store_dir)
+
+
+def test_checksum_mismatch(store_dir):
+    open_store(store_dir)                       # verified once, stamp written
+    with open(store_dir / "features.bin", "r+b") as f:
+        f.seek(4096)
+        f.write(b"\x01\x02\x03\x04")
+    with pytest.raises(StoreError, match="checksum mismatch in features.bin"):
+        open_store(store_dir)
+
+
+def test_unknown_version(store_dir):
+    meta = json.loads((store_dir / "meta.json").read_text())
+    meta["version"] = 7
+    (store_dir / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(StoreError, match="unknown store format version 7"):
+        open_store(store_dir)
+
+
+def test_corrupt_meta(store_dir):
+    (store_dir / "meta.json").write_text("{not json")
+    with pytest.raises(StoreError, match="not valid JSON"):
+        open_store(store_dir)
+
+
+def test_store_graph_matches_csr(tiny_store):
+    g = tiny_store.graph()
+    assert g.num_nodes() == tiny_store.num_nodes and g.num_edges() == tiny_store.num_edges
+    v = int(np.argmax(tiny_store.degrees()))
+    nbrs = np.sort(g.in_edges(v)[0].numpy())
+    np.testing.assert_array_equal(nbrs, tiny_store.indices[tiny_store.indptr[v]:tiny_store.indptr[v + 1]])
