@@ -7,6 +7,9 @@ import os as _os
 import warnings as _warnings
 
 _os.environ.setdefault("DGLBACKEND", "pytorch")
+# numba's OpenMP layer would share (and resize) the libgomp pool that torch and DGL use;
+# its own workqueue layer keeps the thread counts of the three libraries independent.
+_os.environ.setdefault("NUMBA_THREADING_LAYER", "workqueue")
 _warnings.filterwarnings("ignore", message=".*CPU affinity.*")
 
 __version__ = "0.1.0"

@@ -46,7 +46,8 @@ class TrainConfig:
     target_acc: float = 0.0           # summary reports the time to reach this val accuracy
     out: str = ""                     # run directory; default runs/<store>-<policy>-<model>-s<seed>
     seed: int = 0
-    threads: int = 0                  # torch intra-op threads; 0: library default
+    threads: int = 0                  # torch intra-op threads; 0: library default (DGL sampling is
+                                      # reproducible only with OMP_NUM_THREADS=1)
     progress: bool = True
 
     def __post_init__(self):

@@ -207,7 +207,7 @@ class DirectReader(FeatureReader):
         self.range_depth = max(1, int(range_depth))
         self._size = self._file_size()
         self._buf_pages = max(1, int(buffer_bytes) // PAGE)
-        self._buf, self._mv, self._pool, self._ring = None, None, None, None
+        self._buf, self._mv, self._pool, self._ring, self._efd = None, None, None, None, None
         # rows sit at multiples of `slot` bytes inside any page-aligned buffer: a strided view
         # with this slot size addresses every row, so extraction is one fancy-index gather
         self._slot = math.gcd(PAGE, self.row_stride, self.offset)
@@ -250,6 +250,10 @@ class DirectReader(FeatureReader):
             return f"io_uring_queue_init failed: {e}"
         self._ring, self._cqe = ring, _L.Cqe()
         try:
+            # completions are awaited with os.read on an eventfd, which releases the GIL (the
+            # binding's io_uring_wait_* calls hold it, stalling every other Python thread)
+            self._efd = os.eventfd(0, os.EFD_CLOEXEC)
+            _L.io_uring_register_eventfd(ring, self._efd)
             self._ensure(2 * PAGE)
             n = os.preadv(self._fd, [self._mv[:PAGE]], 0)
             self._uring([0], [PAGE], [PAGE], self._mv, 1)
@@ -259,6 +263,10 @@ class DirectReader(FeatureReader):
             _L.io_uring_queue_exit(ring)
             self._ring = None
             return f"self-test failed: {e}"
+        finally:
+            if self._ring is None and self._efd is not None:
+                os.close(self._efd)
+                self._efd = None
         return None
 
     def _ensure(self, nbytes: int) -> None:
@@ -274,7 +282,7 @@ class DirectReader(FeatureReader):
         """Read lens[i] bytes at file offset offs[i] into mv[bofs[i]:], `depth` in flight."""
         if self._ring is not None:
             return self._uring(offs, lens, bofs, mv, min(depth, self.queue_depth))
-        k = min(depth, len(offs))
+        k = min(depth, self.threads, len(offs))
         if k <= 1:
             return self._worker(offs, lens, bofs, mv)
         if self._pool is None:
@@ -301,7 +309,8 @@ class DirectReader(FeatureReader):
             got += n
 
     def _uring(self, offs, lens, bofs, mv, depth):
-        L, ring, cqe, fd = _L, self._ring, self._cqe, self._fd
+        L, ring, cqe, fd, efd = _L, self._ring, self._cqe, self._fd, self._efd
+        self._efd_wait = getattr(self, "_efd_wait", True)
         get_sqe, prep, set_data, Iovec = L.io_uring_get_sqe, L.io_uring_prep_readv, L.io_uring_sqe_set_data64, L.Iovec
         wait, seen, ready = L.io_uring_wait_cqe, L.io_uring_cqe_seen, L.io_uring_cq_ready
         # one-page Iovecs into the persistent buffer are cached: building one costs ~1 us
@@ -309,7 +318,6 @@ class DirectReader(FeatureReader):
         n, sub, done, inflight = len(offs), 0, 0, 0
         keep = {}  # an Iovec holds raw pointers: keep it alive until its CQE arrives
         short, err = [], None
-        batch = max(1, depth // 4)  # reap in batches: one syscall per batch, not per request
         while done < n:
             while sub < n and inflight < depth:
                 bo, ln = bofs[sub], lens[sub]
@@ -324,7 +332,12 @@ class DirectReader(FeatureReader):
                 set_data(sqe, sub)
                 sub += 1
                 inflight += 1
-            L.io_uring_submit_and_wait(ring, min(inflight, batch))
+            if self._efd_wait:
+                L.io_uring_submit(ring)
+                while not ready(ring):
+                    os.read(efd, 8)  # wakes at the first completion; more pile up while we reap
+            else:
+                L.io_uring_submit_and_wait(ring, min(inflight, max(1, depth // 4)))
             for _ in range(ready(ring)):
                 # the binding's cqe[j>0] is unreliable: take completions one at a time via cqe[0]
                 wait(ring, cqe)
@@ -381,10 +394,8 @@ class DirectReader(FeatureReader):
         ubyte = (rbuf - rfirst)[req] * PAGE + pos  # byte of each unique row in that buffer
         nreq = len(rstart)
         self._count(n, nu, nreq, int(rend[-1]))
-        inv = np.empty(n, np.int64)
-        inv[order] = uid                       # unique index of each requested position
         slot, isz = self._slot, self.dtype.itemsize
-        uniq_rows = None                       # [nu, dim] staging, only when chunks are needed
+        out = None
         i = 0
         while i < nreq:  # chunks of requests that fit the persistent buffer
             base = int(rbuf[i])
@@ -392,21 +403,21 @@ class DirectReader(FeatureReader):
             nbytes = int(rend[j - 1] - base) * PAGE
             self._ensure(nbytes)
             self._issue((rfirst[i:j] * PAGE).tolist(), (rpages[i:j] * PAGE).tolist(),
-                        ((rbuf[i:j] - base) * PAGE).tolist(), self._mv, self.threads)
+                        ((rbuf[i:j] - base) * PAGE).tolist(), self._mv, 1 << 30)
             flat = np.frombuffer(self._buf, self.dtype, nbytes // isz)
             view = np.lib.stride_tricks.as_strided(
                 flat, ((nbytes - self.row_bytes) // slot + 1, self.dim), (slot, isz), writeable=False)
-            ua, ub = rstart[i], (rstart[j] if j < nreq else nu)
-            slots = (ubyte[ua:ub] - base * PAGE) // slot
-            if i == 0 and j == nreq:           # one chunk: gather straight in requested order
-                out = view[slots[inv]]
-            else:
-                if uniq_rows is None:
-                    uniq_rows = np.empty((nu, self.dim), self.dtype)
-                np.take(view, slots, axis=0, out=uniq_rows[ua:ub])
+            if i == 0 and j == nreq:  # one chunk: a single gather in requested order
+                inv = np.empty(n, np.int64)
+                inv[order] = uid
+                out = view[(ubyte - base * PAGE)[inv] // slot]
+            else:                     # several: scatter each chunk's rows to their positions
+                if out is None:
+                    out = np.empty((n, self.dim), self.dtype)
+                a = ustart[rstart[i]]
+                b = ustart[rstart[j]] if j < nreq else n
+                out[order[a:b]] = view[(ubyte[uid[a:b]] - base * PAGE) // slot]
             i = j
-        if uniq_rows is not None:
-            out = uniq_rows if nu == n and (order[1:] > order[:-1]).all() else uniq_rows[inv]
         self._done_call()
         return out
 
@@ -437,6 +448,7 @@ class DirectReader(FeatureReader):
             self._pool.shutdown(wait=True)
         if self._ring is not None:
             _L.io_uring_queue_exit(self._ring)
+            os.close(self._efd)
             self._ring = None
         os.close(self._fd)
         self._mv = self._buf = None

@@ -1,0 +1,54 @@
+"""The `oocgnn` command: the contract later issues rely on, and one-line errors with exit 2."""
+import subprocess
+import sys
+
+import pytest
+
+from oocgnn.cli import main
+
+
+def oocgnn(*args):
+    return subprocess.run([sys.executable, "-m", "oocgnn", *map(str, args)],
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_prepare_info_train_report(tmp_path):
+    store, run = tmp_path / "tiny", tmp_path / "run"
+    r = oocgnn("prepare", "synthetic", "--preset", "tiny", "--out", store, "--quiet")
+    assert r.returncode == 0, r.stderr
+    r = oocgnn("prepare", "synthetic", "--preset", "tiny", "--out", store)
+    assert r.returncode == 2 and "already exists" in r.stderr
+    r = oocgnn("info", store)
+    assert r.returncode == 0 and "nodes" in r.stdout and "5,000" in r.stdout
+    r = oocgnn("train", store, "--policy", "inmemory", "--model", "sage", "--epochs", "1",
+               "--fanouts", "5,5", "--batch-size", "512", "--out", run, "--no-progress")
+    assert r.returncode == 0, r.stderr
+    assert {"config.json", "log.csv", "summary.json"} <= {p.name for p in run.iterdir()}
+    out = tmp_path / "fig" / "tta"
+    r = oocgnn("report", run, "--out", out)
+    assert r.returncode == 0, r.stderr
+    assert out.with_suffix(".csv").is_file() and out.with_suffix(".png").stat().st_size > 1000
+
+
+@pytest.mark.parametrize("args, msg", [
+    (["info", "/nonexistent/store"], "no store at /nonexistent/store"),
+    (["train", "/nonexistent/store"], "no store at"),
+    (["train", "S", "--memory-budget", "12 parsecs"], "bad size"),
+    (["train", "S", "--policy", "teleport"], "unknown policy 'teleport'"),
+    (["train", "S", "--fanouts", "10,10", "--layers", "3"], "does not match"),
+    (["prepare", "/nonexistent/graph.npz", "--out", "OUT"], "does not exist"),
+    (["frobnicate"], "invalid choice"),
+])
+def test_bad_input_is_one_line_exit_2(args, msg, capsys, tmp_path):
+    args = [str(tmp_path / "s") if a == "S" else str(tmp_path / "o") if a == "OUT" else a for a in args]
+    with pytest.raises(SystemExit) as e:
+        sys.exit(main(args))
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert msg in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_every_command_has_help():
+    for cmd in ([], ["prepare"], ["info"], ["train"], ["report"]):
+        r = oocgnn(*cmd, "--help")
+        assert r.returncode == 0 and "usage: oocgnn" in r.stdout

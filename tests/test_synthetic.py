@@ -1,0 +1,72 @@
+"""The synthetic planted-community generator: determinism, shape of the graph, lazy features."""
+import numpy as np
+import pytest
+
+from oocgnn.errors import UserError
+from oocgnn.synthetic import PRESETS, generate, preset
+
+
+def test_deterministic_per_seed(tiny_data):
+    again = generate("tiny")
+    np.testing.assert_array_equal(again.indptr, tiny_data.indptr)
+    np.testing.assert_array_equal(again.indices, tiny_data.indices)
+    np.testing.assert_array_equal(again.labels, tiny_data.labels)
+    np.testing.assert_array_equal(again.train_idx, tiny_data.train_idx)
+    ids = np.array([0, 17, 4999, 17])
+    np.testing.assert_array_equal(again.features[ids], tiny_data.features[ids])
+    other = generate("tiny", seed=1)
+    assert not np.array_equal(other.labels, tiny_data.labels)
+
+
+def test_graph_is_canonical_and_heavy_tailed(tiny_data):
+    g = tiny_data
+    src = np.repeat(np.arange(g.num_nodes), g.degrees())
+    assert not np.any(src == g.indices), "no self-loops"
+    fwd = set(zip(src.tolist(), g.indices.tolist()))
+    assert all((b, a) in fwd for a, b in fwd), "symmetric"
+    assert len(fwd) == g.num_edges, "deduplicated"
+    deg = g.degrees()
+    target = PRESETS["tiny"].avg_degree
+    assert 0.85 * target < deg.mean() < 1.15 * target
+    assert deg.max() > 10 * np.median(deg), "heavy-tailed degrees"
+
+
+def test_features_are_a_function_of_the_node_id(tiny_data):
+    f = tiny_data.features
+    assert f.shape == (5000, 128) and f.dtype == np.float32
+    ids = np.random.default_rng(0).permutation(5000)[:300]
+    whole = f[np.arange(5000)]
+    np.testing.assert_array_equal(f[ids], whole[ids])
+    np.testing.assert_array_equal(f[10:20], whole[10:20])
+
+
+def test_features_carry_class_signal(tiny_data):
+    """Nodes of one class are closer to each other's mean than to other classes' means."""
+    x = tiny_data.features[np.arange(tiny_data.num_nodes)]
+    cls = tiny_data.labels
+    means = np.stack([x[cls == c].mean(0) for c in range(tiny_data.num_classes)])
+    pred = np.argmax(x @ means.T - 0.5 * (means ** 2).sum(1), axis=1)
+    acc = (pred == cls).mean()
+    assert 1 / tiny_data.num_classes + 0.1 < acc < 0.95
+
+
+def test_mixing_knob_controls_homophily():
+    def same_community_label_fraction(mixing):
+        g = generate("tiny", mixing=mixing, label_noise=0.0)
+        src = np.repeat(np.arange(g.num_nodes), g.degrees())
+        return (g.labels[src] == g.labels[g.indices]).mean()
+    assert same_community_label_fraction(0.05) > same_community_label_fraction(0.6) + 0.3
+
+
+def test_splits_disjoint_and_sized(tiny_data):
+    cfg = PRESETS["tiny"]
+    tr, va, te = tiny_data.train_idx, tiny_data.val_idx, tiny_data.test_idx
+    assert len(tr) == int(cfg.train_frac * 5000) and len(va) == int(cfg.val_frac * 5000)
+    assert len(np.intersect1d(tr, va)) == len(np.intersect1d(tr, te)) == len(np.intersect1d(va, te)) == 0
+
+
+def test_bad_preset_and_config():
+    with pytest.raises(UserError, match="unknown preset 'huge'"):
+        preset("huge")
+    with pytest.raises(UserError):
+        preset("tiny", mixing=1.5)
