@@ -1,7 +1,7 @@
-"""Feature readers: O_DIRECT (thread pool or io_uring), mmap and in-memory, with exact I/O stats.
+"""Feature readers: O_DIRECT (io_uring or a thread pool), mmap and in-memory, with exact I/O stats.
 
-All readers share one interface (`read_rows`, `read_range`) and return identical rows. The file
-holds `num_rows` rows of `dim` items at `row_stride` bytes from `offset`; padding is ignored.
+All readers share one interface (`read_rows`, `read_range`) and return identical rows. A feature
+file holds `num_rows` rows of `dim` items, `row_stride` bytes apart from `offset`; padding is ignored.
 """
 from __future__ import annotations
 
@@ -13,13 +13,13 @@ import os
 import threading
 import time
 import warnings
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait as wait_futures
 
 import numpy as np
 
 from .errors import StoreError, UserError
 
-try:  # optional: io_uring binding (pinned in requirements.txt); the thread pool works without it
+try:  # optional (pinned in requirements.txt): without it DirectReader uses its thread pool
     import liburing as _L
 except ImportError:  # pragma: no cover - depends on the environment
     _L = None
@@ -28,31 +28,29 @@ PAGE = 4096
 
 
 def feature_row_stride(row_bytes: int) -> int:
-    """On-disk row stride: next power of two (<= 4 KiB rows never straddle a page), else pages."""
+    """On-disk row stride: the next power of two up to 4 KiB (a row never straddles a page), else whole pages."""
     row_bytes = int(row_bytes)
     if row_bytes <= 0:
         raise UserError(f"row size must be > 0 bytes, got {row_bytes}")
-    if row_bytes <= PAGE:
-        return 1 << (row_bytes - 1).bit_length()
-    return -(-row_bytes // PAGE) * PAGE
+    return 1 << (row_bytes - 1).bit_length() if row_bytes <= PAGE else -(-row_bytes // PAGE) * PAGE
 
 
 @dataclasses.dataclass
 class IOStats:
-    """Cumulative I/O accounting of one reader (exact for DirectReader).
+    """Cumulative I/O accounting of a reader, exact for DirectReader.
 
-    bytes_requested = useful bytes (unique rows per call * row_bytes);
-    bytes_read = pages * 4096 moved from the device (MmapReader: pages touched, an upper bound
-    because pages already in the page cache are counted too; MemoryReader: 0).
+    bytes_requested: useful bytes, i.e. distinct rows per call * row_bytes. bytes_read: pages * 4096
+    moved from the device. MmapReader counts pages touched, an upper bound because pages already
+    cached are counted too. MemoryReader reads nothing.
     """
-    calls: int = 0          # read_rows / read_range calls
-    requests: int = 0       # device requests issued (preadv calls or io_uring SQEs)
-    rows: int = 0           # rows returned, duplicates included
-    unique_rows: int = 0    # distinct rows per call, summed over calls
-    pages: int = 0          # 4 KiB pages read
+    calls: int = 0           # read_rows / read_range calls
+    requests: int = 0        # device requests (preadv calls or io_uring SQEs; mmap: page faults)
+    rows: int = 0            # rows returned, duplicates included
+    unique_rows: int = 0     # distinct rows per call, summed over calls
+    pages: int = 0           # 4 KiB pages read
     bytes_requested: int = 0
     bytes_read: int = 0
-    seconds: float = 0.0    # wall time inside read calls
+    seconds: float = 0.0     # wall time inside read calls
 
     def reset(self) -> None:
         for f in dataclasses.fields(self):
@@ -64,29 +62,24 @@ class IOStats:
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
 
-    def __sub__(self, other: "IOStats") -> "IOStats":
-        return IOStats(*(getattr(self, f.name) - getattr(other, f.name)
-                         for f in dataclasses.fields(self)))
+    def __iadd__(self, other: "IOStats") -> "IOStats":  # in place: `reader.stats` keeps its identity
+        for f in dataclasses.fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+        return self
 
     def __add__(self, other: "IOStats") -> "IOStats":
-        return IOStats(*(getattr(self, f.name) + getattr(other, f.name)
-                         for f in dataclasses.fields(self)))
+        return self.snapshot().__iadd__(other)
+
+    def __sub__(self, other: "IOStats") -> "IOStats":
+        return IOStats(*(getattr(self, f.name) - getattr(other, f.name) for f in dataclasses.fields(self)))
 
     def delta(self, before: "IOStats") -> "IOStats":
         """Stats accumulated since `before = stats.snapshot()`."""
         return self - before
 
 
-def _n_unique(ids: np.ndarray, n: int) -> int:
-    if len(ids) * 8 >= n:  # a bitmap beats a sort when the call covers much of the table
-        seen = np.zeros(n, bool)
-        seen[ids] = True
-        return int(np.count_nonzero(seen))
-    return int(np.unique(ids).size)
-
-
 class FeatureReader:
-    """Base class: validation, stats, locking and context-manager support."""
+    """Base class: layout and id validation, stats, a lock, context-manager support."""
     kind = "base"
 
     def __init__(self, path, num_rows, dim, row_stride=None, dtype=np.float32, offset=0):
@@ -99,22 +92,21 @@ class FeatureReader:
         self.row_bytes = self.dim * isz
         self.row_stride = feature_row_stride(self.row_bytes) if row_stride is None else int(row_stride)
         if self.row_stride < self.row_bytes or self.row_stride % isz or self.offset % isz or PAGE % isz:
-            raise UserError(f"bad feature layout: row_stride={self.row_stride} must be >= row size "
+            raise UserError(f"bad feature layout: row_stride={self.row_stride} must be >= the row size "
                             f"{self.row_bytes} and, like offset={offset}, a multiple of {isz}")
         self.stats = IOStats()
         self.closed = False
         self._lock = threading.Lock()  # one call at a time: buffers and the ring are shared
 
     def _file_size(self) -> int:
-        """File size; StoreError if the file is missing or too small for the layout."""
         need = self.offset + ((self.num_rows - 1) * self.row_stride + self.row_bytes if self.num_rows else 0)
         try:
             size = os.stat(self.path).st_size
         except OSError as e:
             raise StoreError(f"cannot open feature file {self.path}: {e.strerror}") from None
         if size < need:
-            raise StoreError(f"feature file {self.path} is truncated: {size} bytes, the layout "
-                             f"({self.num_rows} rows x stride {self.row_stride} + offset {self.offset}) needs {need}")
+            raise StoreError(f"feature file {self.path} is truncated: {size} bytes, but {self.num_rows} rows "
+                             f"at stride {self.row_stride} from offset {self.offset} need {need}")
         return size
 
     def _check_ids(self, ids) -> np.ndarray:
@@ -127,49 +119,38 @@ class FeatureReader:
             raise TypeError(f"row ids must be integers, got dtype {ids.dtype}")
         lo, hi = ids.min(), ids.max()
         if lo < 0 or hi >= self.num_rows:
-            bad = lo if lo < 0 else hi
-            raise IndexError(f"row id {bad} out of range [0, {self.num_rows}) for {self.path or 'array'}")
+            raise IndexError(f"row id {lo if lo < 0 else hi} out of range [0, {self.num_rows}) "
+                             f"for {self.path or 'array'}")
         return ids.astype(np.int64, copy=False)
 
     def read_rows(self, ids) -> np.ndarray:
         """Rows `ids` (any order, duplicates allowed) as a fresh C-contiguous [len(ids), dim] array."""
         ids = self._check_ids(ids)
-        with self._lock:
-            self._check_open()
-            t = time.perf_counter()
-            out = self._read_rows(ids)
-            self.stats.seconds += time.perf_counter() - t
-        return out
+        return self._timed(self._read_rows, ids)
 
     def read_range(self, lo: int, hi: int) -> np.ndarray:
         """Rows lo..hi-1 as a fresh C-contiguous [hi-lo, dim] array (one sequential read)."""
         lo, hi = int(lo), int(hi)
         if not 0 <= lo <= hi <= self.num_rows:
             raise IndexError(f"row range [{lo}, {hi}) out of range [0, {self.num_rows}]")
+        return self._timed(self._read_range, lo, hi)
+
+    def _timed(self, fn, *args):
         with self._lock:
-            self._check_open()
+            if self.closed:
+                raise ValueError(f"{type(self).__name__} for {self.path} is closed")
             t = time.perf_counter()
-            out = self._read_range(lo, hi)
+            out = fn(*args)
             self.stats.seconds += time.perf_counter() - t
         return out
 
     def _count(self, rows, unique, requests, pages):
-        s = self.stats
-        s.calls += 1
-        s.rows += rows
-        s.unique_rows += unique
-        s.requests += requests
-        s.pages += pages
-        s.bytes_requested += unique * self.row_bytes
-        s.bytes_read += pages * PAGE
+        self.stats += IOStats(1, requests, rows, unique, pages, unique * self.row_bytes, pages * PAGE)
 
     def _page_spans(self, rows: np.ndarray):
+        """Byte position, first and last page of each row."""
         pos = self.offset + rows * self.row_stride
         return pos, pos // PAGE, (pos + self.row_bytes - 1) // PAGE
-
-    def _check_open(self):
-        if self.closed:
-            raise ValueError(f"{type(self).__name__} for {self.path} is closed")
 
     def close(self) -> None:
         self.closed = True
@@ -186,12 +167,14 @@ class FeatureReader:
 
 
 class DirectReader(FeatureReader):
-    """O_DIRECT reads: rows are sorted, coalesced by page and read with many requests in flight.
+    """O_DIRECT reads: ids are sorted, rows on the same or adjacent pages coalesced into one request
+    (at most `max_request` bytes, or one row if larger), many requests in flight.
 
-    backend "uring" (liburing, one thread, up to `queue_depth` in flight) or "threads" (a
-    persistent pool of `threads` workers calling os.preadv, which releases the GIL); "auto"
-    picks uring when it imports and passes a self-test read. Where O_DIRECT is unsupported the
-    reader falls back to buffered reads (`direct=False`) and drops the page cache after each call.
+    backend "uring" uses liburing from the calling thread with up to `queue_depth` in flight;
+    "threads" uses a persistent pool of `threads` workers calling os.preadv, which releases the GIL.
+    "auto" picks uring if it imports and a self-test read matches preadv. Where O_DIRECT is refused
+    (EINVAL) it warns once and reads buffered (`direct=False`), dropping the page cache after each call.
+    `buffer_bytes` bounds the persistent read buffer; larger calls are read in chunks.
     """
     kind = "direct"
 
@@ -207,28 +190,25 @@ class DirectReader(FeatureReader):
         self.range_depth = max(1, int(range_depth))
         self._size = self._file_size()
         self._buf_pages = max(1, int(buffer_bytes) // PAGE)
-        self._buf, self._mv, self._pool, self._ring, self._efd = None, None, None, None, None
-        # rows sit at multiples of `slot` bytes inside any page-aligned buffer: a strided view
-        # with this slot size addresses every row, so extraction is one fancy-index gather
+        self._buf = self._mv = self._pool = self._ring = self._efd = self._fd = None
+        # every row starts at a multiple of `slot` inside a page-aligned buffer, so a strided view
+        # with this slot size addresses all rows and extraction is one fancy-index gather
         self._slot = math.gcd(PAGE, self.row_stride, self.offset)
-        # rows that tile whole pages keep whole rows per request under the max_request cap
-        self._row_pages = self.row_stride // PAGE if (self.row_stride % PAGE == 0 and self.offset % PAGE == 0) else 1
+        # rows tiling whole pages: the request cap is a multiple of a row, never splitting one
+        self._row_pages = self.row_stride // PAGE if self.row_stride % PAGE == 0 == self.offset % PAGE else 1
         self.direct = True
-        self._fd = None
         try:
             self._fd = os.open(self.path, os.O_RDONLY | os.O_DIRECT)
             self._ensure(2 * PAGE)
-            os.preadv(self._fd, [self._mv[:PAGE]], 0)  # some file systems reject only the read
+            os.preadv(self._fd, [self._mv[:PAGE]], 0)  # some file systems refuse only the read
         except OSError as e:
             if e.errno != errno.EINVAL:
                 raise
             if self._fd is not None:
                 os.close(self._fd)
-                self._fd = None
-        if self._fd is None:
             self.direct = False
-            warnings.warn(f"O_DIRECT is not supported for {self.path}; using buffered reads and "
-                          "dropping the page cache after each call", RuntimeWarning, stacklevel=2)
+            warnings.warn(f"O_DIRECT is not supported for {self.path}; reading buffered and dropping "
+                          "the page cache after each call", RuntimeWarning, stacklevel=2)
             self._fd = os.open(self.path, os.O_RDONLY)
             os.posix_fadvise(self._fd, 0, 0, os.POSIX_FADV_RANDOM)  # no read-ahead: honest counts
         self.backend = "threads"
@@ -240,46 +220,47 @@ class DirectReader(FeatureReader):
                 raise UserError(f"io_uring backend unavailable: {err}")
 
     def _init_uring(self):
-        """Set up the ring and check one read against preadv; returns an error string or None."""
+        """Set up the ring and check one read against preadv; returns None or why it failed."""
         if _L is None:
             return "liburing is not installed"
         try:
-            ring = _L.Ring()
-            _L.io_uring_queue_init(self.queue_depth, ring)
-        except Exception as e:  # kernel without io_uring, seccomp, ...
+            self._ring, self._cqe = _L.Ring(), _L.Cqe()
+            _L.io_uring_queue_init(self.queue_depth, self._ring)
+        except Exception as e:  # no io_uring in this kernel, seccomp, ...
+            self._ring = None
             return f"io_uring_queue_init failed: {e}"
-        self._ring, self._cqe = ring, _L.Cqe()
         try:
-            # completions are awaited with os.read on an eventfd, which releases the GIL (the
-            # binding's io_uring_wait_* calls hold it, stalling every other Python thread)
+            # completions are awaited with os.read on an eventfd, which releases the GIL; the
+            # binding's io_uring_wait_* calls hold it and would stall every other Python thread
             self._efd = os.eventfd(0, os.EFD_CLOEXEC)
-            _L.io_uring_register_eventfd(ring, self._efd)
-            self._ensure(2 * PAGE)
+            _L.io_uring_register_eventfd(self._ring, self._efd)
             n = os.preadv(self._fd, [self._mv[:PAGE]], 0)
             self._uring([0], [PAGE], [PAGE], self._mv, 1)
             if self._mv[:n] != self._mv[PAGE:PAGE + n]:
-                raise OSError("io_uring self-test read returned different bytes than preadv")
+                raise OSError("io_uring read returned other bytes than preadv")
         except Exception as e:
-            _L.io_uring_queue_exit(ring)
-            self._ring = None
+            self._close_ring()
             return f"self-test failed: {e}"
-        finally:
-            if self._ring is None and self._efd is not None:
-                os.close(self._efd)
-                self._efd = None
         return None
 
+    def _close_ring(self):
+        if self._ring is not None:
+            _L.io_uring_queue_exit(self._ring)
+            self._ring = None
+        if self._efd is not None:
+            os.close(self._efd)
+            self._efd = None
+
     def _ensure(self, nbytes: int) -> None:
-        """Persistent page-aligned buffer (anonymous mmap: only touched pages use RAM)."""
+        """Persistent page-aligned buffer (an anonymous mmap: only touched pages use RAM)."""
         if self._buf is None or len(self._buf) < nbytes:
             self._mv = self._iov = None  # cached Iovecs point into the old buffer
             self._buf = mmap.mmap(-1, max(nbytes, self._buf_pages * PAGE))
             self._mv = memoryview(self._buf)
             self._iov = [None] * (len(self._buf) // PAGE)
 
-    # -- issuing requests ----------------------------------------------------------------
     def _issue(self, offs, lens, bofs, mv, depth):
-        """Read lens[i] bytes at file offset offs[i] into mv[bofs[i]:], `depth` in flight."""
+        """Read lens[i] bytes at file offset offs[i] into mv[bofs[i]:], up to `depth` in flight."""
         if self._ring is not None:
             return self._uring(offs, lens, bofs, mv, min(depth, self.queue_depth))
         k = min(depth, self.threads, len(offs))
@@ -287,8 +268,9 @@ class DirectReader(FeatureReader):
             return self._worker(offs, lens, bofs, mv)
         if self._pool is None:
             self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="oocgnn-io")
-        # interleaved split: each worker walks its share in file order (sequential for ranges)
+        # interleaved shares: each worker walks the file in order (sequential for ranges)
         futs = [self._pool.submit(self._worker, offs[w::k], lens[w::k], bofs[w::k], mv) for w in range(k)]
+        wait_futures(futs)  # all done before any error is raised: no read lands after we return
         for f in futs:
             f.result()
 
@@ -300,7 +282,7 @@ class DirectReader(FeatureReader):
                 self._finish(off, ln, bo, mv, got)
 
     def _finish(self, off, ln, bo, mv, got):
-        """Complete a short read synchronously; only the end of the file may be short."""
+        """Complete a short read; only the end of the file may legitimately be short."""
         end = min(ln, self._size - off)
         while got < end:
             n = os.preadv(self._fd, [mv[bo + got:bo + ln]], off + got)
@@ -310,58 +292,57 @@ class DirectReader(FeatureReader):
 
     def _uring(self, offs, lens, bofs, mv, depth):
         L, ring, cqe, fd, efd = _L, self._ring, self._cqe, self._fd, self._efd
-        self._efd_wait = getattr(self, "_efd_wait", True)
         get_sqe, prep, set_data, Iovec = L.io_uring_get_sqe, L.io_uring_prep_readv, L.io_uring_sqe_set_data64, L.Iovec
         wait, seen, ready = L.io_uring_wait_cqe, L.io_uring_cqe_seen, L.io_uring_cq_ready
-        # one-page Iovecs into the persistent buffer are cached: building one costs ~1 us
-        cache = self._iov if mv is self._mv else None
+        cache = self._iov if mv is self._mv else None  # one-page Iovecs are reused: building one costs ~1 us
         n, sub, done, inflight = len(offs), 0, 0, 0
-        keep = {}  # an Iovec holds raw pointers: keep it alive until its CQE arrives
-        short, err = [], None
-        while done < n:
-            while sub < n and inflight < depth:
-                bo, ln = bofs[sub], lens[sub]
-                if cache is not None and ln == PAGE:
-                    iov = cache[bo // PAGE]
-                    if iov is None:
-                        iov = cache[bo // PAGE] = Iovec([mv[bo:bo + PAGE]])
-                else:
-                    iov = keep[sub] = Iovec([mv[bo:bo + ln]])
-                sqe = get_sqe(ring)
-                prep(sqe, fd, iov, offs[sub])
-                set_data(sqe, sub)
-                sub += 1
-                inflight += 1
-            if self._efd_wait:
+        keep, short, err = {}, [], None  # an Iovec holds raw pointers only: keep it alive while in flight
+        try:
+            while done < n:
+                while sub < n and inflight < depth:
+                    bo, ln = bofs[sub], lens[sub]
+                    if cache is not None and ln == PAGE:
+                        iov = cache[bo // PAGE]
+                        if iov is None:
+                            iov = cache[bo // PAGE] = Iovec([mv[bo:bo + PAGE]])
+                    else:
+                        iov = keep[sub] = Iovec([mv[bo:bo + ln]])
+                    sqe = get_sqe(ring)
+                    prep(sqe, fd, iov, offs[sub])
+                    set_data(sqe, sub)
+                    sub += 1
+                    inflight += 1
                 L.io_uring_submit(ring)
                 while not ready(ring):
-                    os.read(efd, 8)  # wakes at the first completion; more pile up while we reap
-            else:
-                L.io_uring_submit_and_wait(ring, min(inflight, max(1, depth // 4)))
-            for _ in range(ready(ring)):
-                # the binding's cqe[j>0] is unreliable: take completions one at a time via cqe[0]
-                wait(ring, cqe)
-                c = cqe[0]
-                res, i = c.res, c.user_data
-                seen(ring, c)
-                inflight -= 1
-                done += 1
-                if res != lens[i]:
-                    if res < 0:
-                        err = err or OSError(-res, f"{os.strerror(-res)} reading {self.path} at {offs[i]}")
-                    else:
-                        short.append((i, res))
-        keep.clear()
-        if err is not None:  # raised only after the ring is drained: no reads land later
+                    os.read(efd, 8)  # wakes at the first completion; more arrive while we reap
+                for _ in range(ready(ring)):
+                    wait(ring, cqe)  # the binding's cqe[j>0] is unreliable: one at a time via cqe[0]
+                    c = cqe[0]
+                    res, i = c.res, c.user_data
+                    seen(ring, c)
+                    inflight -= 1
+                    done += 1
+                    if res != lens[i]:
+                        if res < 0:
+                            err = err or OSError(-res, f"{os.strerror(-res)} reading {self.path} at {offs[i]}")
+                        else:
+                            short.append((i, res))
+        finally:
+            while inflight:  # interrupted: drain, so no stale completion reaches the next call
+                L.io_uring_submit_and_wait(ring, 1)
+                for _ in range(ready(ring)):
+                    wait(ring, cqe)
+                    seen(ring, cqe[0])
+                    inflight -= 1
+        if err is not None:
             raise err
         for i, res in short:
             self._finish(offs[i], lens[i], bofs[i], mv, res)
 
     def _done_call(self):
-        if not self.direct:  # keep buffered-fallback reads honest: nothing stays cached
+        if not self.direct:  # keep the buffered fallback honest: nothing stays cached
             os.posix_fadvise(self._fd, 0, 0, os.POSIX_FADV_DONTNEED)
 
-    # -- reads -------------------------------------------------------------------------
     def _read_rows(self, ids):
         n = len(ids)
         if n == 0:
@@ -372,12 +353,11 @@ class DirectReader(FeatureReader):
         newu = np.empty(n, bool)
         newu[0] = True
         np.not_equal(s[1:], s[:-1], out=newu[1:])
-        ustart = np.flatnonzero(newu)          # sorted position of each unique row's first copy
-        uid = np.cumsum(newu) - 1              # unique index of each sorted position
-        uniq = s[ustart]
-        nu = len(uniq)
-        pos, first, last = self._page_spans(uniq)
-        # a new request starts at a gap between page spans, or where the max_request cap is reached
+        ustart = np.flatnonzero(newu)          # sorted position of each distinct row's first copy
+        uid = np.cumsum(newu) - 1              # distinct-row index of each sorted position
+        nu = len(ustart)
+        pos, first, last = self._page_spans(s[ustart])
+        # a request ends at a gap between page spans or where it would exceed the cap
         brk = np.empty(nu, bool)
         brk[0] = True
         np.greater(first[1:], last[:-1] + 1, out=brk[1:])
@@ -385,18 +365,15 @@ class DirectReader(FeatureReader):
         cap = max(self._row_pages, self.max_request // PAGE // self._row_pages * self._row_pages)
         blk = (first - run_first) // cap
         brk[1:] |= blk[1:] != blk[:-1]
-        rstart = np.flatnonzero(brk)           # first unique row of each request
-        req = np.cumsum(brk) - 1               # request of each unique row
+        rstart = np.flatnonzero(brk)           # first distinct row of each request
         rfirst = first[rstart]
         rpages = last[np.append(rstart[1:], nu) - 1] - rfirst + 1
-        rend = np.cumsum(rpages)               # end page of each request in a virtual buffer
+        rend = np.cumsum(rpages)               # request end page in one virtual buffer
         rbuf = rend - rpages
-        ubyte = (rbuf - rfirst)[req] * PAGE + pos  # byte of each unique row in that buffer
+        ubyte = (rbuf - rfirst)[np.cumsum(brk) - 1] * PAGE + pos  # each distinct row's byte in it
         nreq = len(rstart)
         self._count(n, nu, nreq, int(rend[-1]))
-        slot, isz = self._slot, self.dtype.itemsize
-        out = None
-        i = 0
+        slot, isz, out, i = self._slot, self.dtype.itemsize, None, 0
         while i < nreq:  # chunks of requests that fit the persistent buffer
             base = int(rbuf[i])
             j = max(i + 1, int(np.searchsorted(rend, base + self._buf_pages, "right")))
@@ -404,18 +381,17 @@ class DirectReader(FeatureReader):
             self._ensure(nbytes)
             self._issue((rfirst[i:j] * PAGE).tolist(), (rpages[i:j] * PAGE).tolist(),
                         ((rbuf[i:j] - base) * PAGE).tolist(), self._mv, 1 << 30)
-            flat = np.frombuffer(self._buf, self.dtype, nbytes // isz)
             view = np.lib.stride_tricks.as_strided(
-                flat, ((nbytes - self.row_bytes) // slot + 1, self.dim), (slot, isz), writeable=False)
-            if i == 0 and j == nreq:  # one chunk: a single gather in requested order
+                np.frombuffer(self._buf, self.dtype, nbytes // isz),
+                ((nbytes - self.row_bytes) // slot + 1, self.dim), (slot, isz), writeable=False)
+            if i == 0 and j == nreq:           # one chunk: one gather in requested order
                 inv = np.empty(n, np.int64)
                 inv[order] = uid
                 out = view[(ubyte - base * PAGE)[inv] // slot]
-            else:                     # several: scatter each chunk's rows to their positions
+            else:                              # several: scatter each chunk's rows into place
                 if out is None:
                     out = np.empty((n, self.dim), self.dtype)
-                a = ustart[rstart[i]]
-                b = ustart[rstart[j]] if j < nreq else n
+                a, b = ustart[rstart[i]], (ustart[rstart[j]] if j < nreq else n)
                 out[order[a:b]] = view[(ubyte[uid[a:b]] - base * PAGE) // slot]
             i = j
         self._done_call()
@@ -429,12 +405,10 @@ class DirectReader(FeatureReader):
         start = self.offset + lo * self.row_stride
         p0, p1 = start // PAGE, (self.offset + (hi - 1) * self.row_stride + self.row_bytes - 1) // PAGE + 1
         offs = list(range(p0 * PAGE, p1 * PAGE, self.range_request))
-        lens = [min(self.range_request, p1 * PAGE - o) for o in offs]
         self._count(n, n, len(offs), p1 - p0)
-        buf = mmap.mmap(-1, (p1 - p0) * PAGE)  # fresh: when rows are unpadded it IS the result
-        mv = memoryview(buf)
-        self._issue(offs, lens, [o - p0 * PAGE for o in offs], mv, self.range_depth)
-        del mv
+        buf = mmap.mmap(-1, (p1 - p0) * PAGE)  # fresh: for unpadded rows it IS the result (no copy)
+        self._issue(offs, [min(self.range_request, p1 * PAGE - o) for o in offs],
+                    [o - p0 * PAGE for o in offs], memoryview(buf), self.range_depth)
         self._done_call()
         a = np.ndarray((n, self.dim), self.dtype, buffer=buf, offset=start - p0 * PAGE,
                        strides=(self.row_stride, self.dtype.itemsize))
@@ -446,12 +420,9 @@ class DirectReader(FeatureReader):
         super().close()
         if self._pool is not None:
             self._pool.shutdown(wait=True)
-        if self._ring is not None:
-            _L.io_uring_queue_exit(self._ring)
-            os.close(self._efd)
-            self._ring = None
+        self._close_ring()
         os.close(self._fd)
-        self._mv = self._buf = None
+        self._mv = self._iov = self._buf = None
 
     def __del__(self):
         try:
@@ -461,17 +432,16 @@ class DirectReader(FeatureReader):
 
 
 class MmapReader(FeatureReader):
-    """np.memmap baseline with MADV_RANDOM (default 8 MiB read-around would read whole files).
+    """np.memmap baseline with MADV_RANDOM: the default 8 MiB read-around would load whole files.
 
-    Stats count pages touched per call as bytes_read: an upper bound (resident pages are free).
+    Stats count the pages touched per call (one fault each), an upper bound on real reads.
     """
     kind = "mmap"
 
     def __init__(self, path, num_rows, dim, row_stride=None, dtype=np.float32, offset=0, *, advice="random"):
         super().__init__(path, num_rows, dim, row_stride, dtype, offset)
         self._file_size()
-        self._mm = None
-        self._view = np.empty((0, self.dim), self.dtype)
+        self._mm, self._view = None, np.empty((0, self.dim), self.dtype)
         if self.num_rows:
             span = (self.num_rows - 1) * self.row_stride + self.row_bytes
             self._mm = np.memmap(self.path, np.uint8, "r", offset=self.offset, shape=(span,))
@@ -481,8 +451,7 @@ class MmapReader(FeatureReader):
                                     strides=(self.row_stride, self.dtype.itemsize))
 
     def _read_rows(self, ids):
-        u = np.unique(ids)
-        self._count_pages(len(ids), u)
+        self._count_pages(len(ids), np.unique(ids))
         return self._view[ids]
 
     def _read_range(self, lo, hi):
@@ -490,15 +459,13 @@ class MmapReader(FeatureReader):
         return np.ascontiguousarray(self._view[lo:hi])
 
     def _count_pages(self, n, u):
-        if len(u) == 0:
-            return self._count(n, 0, 0, 0)
         _, first, last = self._page_spans(u)
         eff = np.maximum(first, np.concatenate(([-1], last[:-1] + 1)))  # union of sorted spans
         pages = int(np.maximum(last - eff + 1, 0).sum())
-        self._count(n, len(u), pages, pages)  # one fault per page under MADV_RANDOM
+        self._count(n, len(u), pages, pages)
 
     def drop_cache(self) -> None:
-        """Evict this file from the page cache (unmap our pages first: mapped pages stay)."""
+        """Evict the file from the page cache (our mapped pages first: fadvise skips mapped pages)."""
         if self._mm is not None:
             self._mm._mmap.madvise(mmap.MADV_DONTNEED)
         fd = os.open(self.path, os.O_RDONLY)
@@ -509,11 +476,11 @@ class MmapReader(FeatureReader):
 
     def close(self) -> None:
         super().close()
-        self._view, self._mm = None, None
+        self._view = self._mm = None
 
 
 class MemoryReader(FeatureReader):
-    """All rows in RAM: loaded once with sequential direct reads, or wrapping an array."""
+    """All rows in RAM: loaded once with sequential direct reads (`load_stats`), or wrapping an array."""
     kind = "memory"
 
     def __init__(self, path, num_rows, dim, row_stride=None, dtype=np.float32, offset=0, *,
@@ -524,7 +491,7 @@ class MemoryReader(FeatureReader):
         with DirectReader(path, num_rows, dim, row_stride, dtype, offset, **direct_kw) as r:
             for lo in range(0, self.num_rows, step):
                 self.data[lo:lo + step] = r.read_range(lo, min(lo + step, self.num_rows))
-        self.load_stats = r.stats  # the load's I/O; `stats` counts only calls afterwards
+        self.load_stats = r.stats
 
     @classmethod
     def from_array(cls, arr) -> "MemoryReader":
@@ -537,7 +504,13 @@ class MemoryReader(FeatureReader):
         return self
 
     def _read_rows(self, ids):
-        self._count(len(ids), _n_unique(ids, self.num_rows) if len(ids) else 0, 0, 0)
+        if len(ids) * 8 >= self.num_rows:  # distinct count: a bitmap beats a sort for big calls
+            seen = np.zeros(self.num_rows, bool)
+            seen[ids] = True
+            nu = int(np.count_nonzero(seen))
+        else:
+            nu = len(np.unique(ids))
+        self._count(len(ids), nu, 0, 0)
         return np.take(self.data, ids, axis=0)
 
     def _read_range(self, lo, hi):
@@ -553,7 +526,7 @@ READERS = {"direct": DirectReader, "mmap": MmapReader, "memory": MemoryReader}
 
 
 def open_reader(kind, path, num_rows, dim, row_stride=None, dtype=np.float32, **kw) -> FeatureReader:
-    """Reader by name: "direct", "mmap" or "memory"; `kw` goes to the reader's constructor."""
+    """Reader by name ("direct", "mmap" or "memory"); `kw` goes to its constructor."""
     if kind not in READERS:
         raise UserError(f"unknown reader {kind!r}: choose one of {', '.join(READERS)}")
     return READERS[kind](path, num_rows, dim, row_stride, dtype, **kw)

@@ -204,5 +204,7 @@ def test_mmap_stats_and_drop_cache(tmp_path):
         assert (r.stats.pages, r.stats.bytes_read, r.stats.unique_rows) == (3, 3 * PAGE, 4)
         r.drop_cache()
         np.testing.assert_array_equal(r.read_range(0, 1000), data)
+    s = r.stats  # accumulates in place
+    assert s is r.stats and s.calls == 2
     d = IOStats(requests=3, seconds=1.0) + IOStats(requests=2)
     assert d.as_dict()["requests"] == 5 and (d - IOStats(requests=5)).requests == 0
