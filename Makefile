@@ -26,14 +26,22 @@ $(STAMP): requirements.txt pyproject.toml
 data/small/meta.json: | $(STAMP)
 	$(OOCGNN) prepare synthetic --preset small --out data/small --force
 
+NOTEBOOKS := $(sort $(wildcard notebooks/[0-9][0-9]_*.ipynb))
+
 run: $(STAMP) data/small/meta.json
 	$(OOCGNN) info data/small
 	$(OOCGNN) train data/small --policy inmemory --epochs 8 --out runs/small-inmemory
 	$(OOCGNN) train data/small --policy mmap --memory-budget 32MB --epochs 8 --out runs/small-mmap
 	$(OOCGNN) report runs/small-inmemory runs/small-mmap --out figures/00_time_to_accuracy
+	@mkdir -p notebooks/executed
+	@for nb in $(NOTEBOOKS); do \
+	  echo "papermill $$nb -> notebooks/executed/$$(basename $$nb)"; \
+	  PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(VENV)/bin/papermill --cwd notebooks $$nb notebooks/executed/$$(basename $$nb) || exit 1; \
+	done
 
+# unit tests, then every notebook under nbval (headline numbers checked, timings ignored)
 test: $(STAMP)
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q tests $(if $(NOTEBOOKS),--nbval $(NOTEBOOKS) --nbval-cell-timeout=900 --sanitize-with notebooks/sanitize.cfg)
 
 clean-runs:
 	rm -rf runs

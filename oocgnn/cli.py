@@ -15,17 +15,32 @@ def _cmd_prepare(args):
     from .datasets import load_source
     from .store import write_store
     from .synthetic import generate
+    from .partition import check_args, order_from_assignment, partition, peak_rss
     out = Path(args.out)
     if out.exists() and not args.force:
         raise UserError(f"a store already exists at {out} (use --force to replace it)")
+    method = args.partitioner
+    check_args(method, 1 if args.parts is None else args.parts)
     t0 = time.perf_counter()
     if args.source == "synthetic":
         data = generate(args.preset, seed=args.seed)
     else:
         data = load_source(args.source)
     t_load = time.perf_counter() - t0
-    store = write_store(data, out, force=args.force, progress=not args.quiet)
-    from .train import peak_rss
+    parts = args.parts or (1 if method == "none" else max(1, data.num_nodes // 2000))
+    check_args(method, parts, data.num_nodes)
+    order = offsets = None
+    if method != "none" or parts > 1:
+        assignment, report = partition(data, method, parts, seed=args.seed)
+        order, offsets = order_from_assignment(assignment, parts)
+        row = json.loads(report.to_json(orient="records"))[0]     # saved in meta.json, shown by `info`
+        data.info["partition"] = {k: row[k] for k in ("method", "parts", "nonempty_parts", "edge_cut",
+                                                      "size_balance", "train_balance", "seconds")}
+        shown = report.drop(columns=["dataset", "balance_train", "peak_rss"]).assign(
+            peak_rss_mib=report.peak_rss / 2**20)
+        print(shown.to_string(index=False, float_format="%.4g"))
+    store = write_store(data, out, order=order, part_offsets=offsets, partitioner=method,
+                        force=args.force, progress=not args.quiet)
     print(f"wrote {store} in {time.perf_counter() - t0:.1f} s "
           f"(source {t_load:.1f} s, peak RSS {peak_rss() / 2**30:.2f} GiB)")
 
@@ -88,6 +103,11 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--seed", type=int, default=0, help="generator seed (synthetic)")
     pr.add_argument("--force", action="store_true", help="replace an existing store")
     pr.add_argument("--quiet", action="store_true", help="no progress bar")
+    pr.add_argument("--partitioner", default="none",
+                    help="metis | fennel | random | none (default none): relabel nodes so each part "
+                         "is a contiguous store-id range; results cached in data/partitions")
+    pr.add_argument("--parts", type=int,
+                    help="number of parts K (default 1 for none, else N/2000)")
     pr.set_defaults(func=_cmd_prepare)
 
     inf = sub.add_parser("info", help="describe a store", description="Validate a store and print "

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 from .errors import UserError
+from .io import drop_file_cache  # noqa: F401  (re-exported: caps and cache drops go together)
 
 MIN_LIMIT = 16 * 2**20
 PROC_CGROUP = "/proc/self/cgroup"
@@ -238,16 +239,6 @@ class MemoryCap:
         """JSON-able summary for a run's summary file."""
         return {"enforced": self.enforced, "reason": self.reason, "version": self.version,
                 "limit": self.limit, "peak": self.peak(), "failcnt": self.failcnt()}
-
-
-def drop_file_cache(path):
-    """Ask the kernel to drop `path`'s clean pages from the page cache (flushes first)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        _try(os.fsync, fd)       # dirty pages cannot be dropped
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
 
 
 @atexit.register

@@ -44,3 +44,27 @@ def save_figure(fig, path):
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120, bbox_inches="tight")
     return path
+
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def setup_notebook(seed: int = 0):
+    """The one setup call of every notebook: seeds, plot style, paths independent of the cwd."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+    import torch
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    plt.rcParams.update({"figure.figsize": (6.4, 4.0), "figure.dpi": 100, "axes.grid": True,
+                         "grid.alpha": 0.3, "axes.spines.top": False, "axes.spines.right": False})
+    from types import SimpleNamespace
+    paths = SimpleNamespace(repo=REPO, data=REPO / "data", figures=REPO / "figures")
+    paths.data.mkdir(exist_ok=True)
+    paths.figures.mkdir(exist_ok=True)
+    return paths
+
+
+def savefig(fig, name: str):
+    """Save a notebook figure as figures/<name>.png (name like '01_edge_cut')."""
+    return save_figure(fig, REPO / "figures" / f"{name}.png")

@@ -332,6 +332,9 @@ class Store:
             "row_bytes": self.row_bytes, "row_stride": self.row_stride,
             "partitioner": self.meta["partitioner"], "parts": self.num_parts,
             "part_nodes_min/mean/max": f"{sizes.min()}/{sizes.mean():.0f}/{sizes.max()}",
+            **{f"partition_{k}": (f"{v:.4f}" if isinstance(v, float) else v)
+               for k, v in self.meta.get("source", {}).get("partition", {}).items()
+               if k in ("edge_cut", "train_balance")},
             "feature_bytes": format_size(files["features.bin"]),
             "topology_bytes": format_size(files["indices.bin"] + files["indptr.npy"]),
             "total_bytes": format_size(sum(files.values())),

@@ -1,0 +1,264 @@
+"""Batch schedules (the policy layer's "what is resident, which batches") and the sampler both back ends share.
+
+A schedule yields, per epoch, `Step`s: one mini-batch of seed nodes plus the residency change
+that happens *before* it. Three policies, one contract (`schedule.epoch(e)`, deterministic
+from (seed, e)):
+
+- `random`: shuffled training nodes cut into batches of B (PyG / DGL / Ginex).
+- `partition`: OUTRE §4.2: macro batches of `n_per_macro` random parts, their training nodes
+  shuffled and cut into micro batches of B; the parts' adjacency (not features) is the
+  batch-specific dynamic neighbour cache; sampling still covers the full graph.
+- `megabatch`: HierBatching Alg. 1: groups of N_d random parts (features + adjacency
+  resident) plus a static cache of the ⌊r_s·N⌋ highest-degree nodes (features + adjacency,
+  resident for the whole run); p passes over the group's training nodes; sampling only
+  inside the resident subgraph (`visible`).
+
+Residency is two independent sets: store-id *ranges* (a part is `[off[k], off[k+1])`, one
+sequential read of features.bin and of its CSR slice of indices.bin) and scattered *ids*
+(the static cache). Leaving a range never evicts an id. Apply `leave_*` before `enter_*`.
+Epochs are meant to run in order from 0: the static cache enters at epoch 0's first step,
+and an epoch's first step evicts the previous epoch's last group.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .errors import UserError
+
+_EMPTY = np.empty(0, dtype=np.int64)
+
+
+@dataclass
+class Step:
+    """One mini-batch and the residency change that precedes it (store ids throughout)."""
+    seeds: np.ndarray                                 # int64 [B] the batch's training nodes
+    group: int = 0                                    # macro batch / mega-batch number in the epoch (random: 0)
+    enter_ranges: list = field(default_factory=list)  # [(lo, hi)] ranges loaded (one sequential read each)
+    enter_ids: np.ndarray = _EMPTY                    # sorted scattered ids loaded (static cache)
+    leave_ranges: list = field(default_factory=list)  # [(lo, hi)] ranges dropped
+    leave_ids: np.ndarray = _EMPTY                    # sorted scattered ids dropped
+    data: tuple = ()                                  # what the entering data holds: "features", "adjacency"
+    visible: np.ndarray | None = None                 # sorted ids sampling is restricted to; None = full graph
+
+
+def _merge(ranges):
+    """Sorted, non-empty, coalesced (lo, hi) ranges: adjacent parts become one read."""
+    out = []
+    for lo, hi in sorted((int(a), int(b)) for a, b in ranges if b > a):
+        if out and lo <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], hi))
+        else:
+            out.append((lo, hi))
+    return out
+
+
+def _ids_of_ranges(ranges) -> np.ndarray:
+    return np.concatenate([np.arange(lo, hi, dtype=np.int64) for lo, hi in ranges]) if ranges else _EMPTY
+
+
+def _cut(ids, batch_size):
+    return [ids[i:i + batch_size] for i in range(0, len(ids), batch_size)]
+
+
+class Schedule:
+    """Base: the store's layout, a seed and a batch size; subclasses implement `epoch`."""
+    name = "base"
+    data: tuple = ()
+
+    def __init__(self, store, batch_size=1024, seed=0):
+        if int(batch_size) < 1:
+            raise UserError(f"batch_size must be >= 1, got {batch_size}")
+        self.store, self.batch_size, self.seed = store, int(batch_size), int(seed)
+        self.train_idx = np.asarray(store.train_idx, dtype=np.int64)
+        self.offsets = np.asarray(store.part_offsets, dtype=np.int64)
+        self.num_parts = len(self.offsets) - 1
+        # training nodes of part k: train_idx[tstart[k]:tstart[k+1]] (train_idx sorted, parts contiguous)
+        self.tstart = np.searchsorted(self.train_idx, self.offsets)
+
+    def rng(self, epoch, stream):
+        """Independent streams per (seed, epoch): 0 forms groups, 1 shuffles batches."""
+        return np.random.default_rng([self.seed, int(epoch), stream])
+
+    def epoch(self, epoch: int):
+        raise NotImplementedError
+
+    def __repr__(self):
+        args = ", ".join(f"{k}={v}" for k, v in self.params().items())
+        return f"{type(self).__name__}({args})"
+
+    def params(self) -> dict:
+        return {"batch_size": self.batch_size, "seed": self.seed}
+
+
+class RandomSchedule(Schedule):
+    """Shuffled training nodes in batches of B; nothing resident, sampling over the full graph."""
+    name = "random"
+
+    def epoch(self, epoch):
+        for seeds in _cut(self.rng(epoch, 1).permutation(self.train_idx), self.batch_size):
+            yield Step(seeds=seeds)
+
+
+class _GroupSchedule(Schedule):
+    """Parts permuted each epoch and cut into groups of `group_size` (the last takes the rest)."""
+    group_size = 1
+
+    def groups(self, epoch):
+        """[(ranges, train ids)] of the epoch's groups that hold training nodes, in order."""
+        perm = self.rng(epoch, 0).permutation(self.num_parts)
+        out = []
+        for i in range(0, self.num_parts, self.group_size):
+            parts = perm[i:i + self.group_size]
+            train = np.concatenate([self.train_idx[self.tstart[k]:self.tstart[k + 1]] for k in parts])
+            if len(train):
+                out.append((_merge((self.offsets[k], self.offsets[k + 1]) for k in parts), train))
+        return out
+
+    def _previous(self, epoch):
+        prev = self.groups(epoch - 1) if epoch > 0 else []
+        return prev[-1][0] if prev else []
+
+    def batches(self, train, rng):
+        return _cut(rng.permutation(train), self.batch_size)
+
+    def visible(self, ranges):
+        return None
+
+    def epoch(self, epoch):
+        rng, resident = self.rng(epoch, 1), self._previous(epoch)
+        for g, (ranges, train) in enumerate(self.groups(epoch)):
+            visible = self.visible(ranges)
+            for j, seeds in enumerate(self.batches(train, rng)):
+                step = Step(seeds=seeds, group=g, data=self.data, visible=visible)
+                if j == 0:
+                    step.leave_ranges, step.enter_ranges = resident, ranges
+                    resident = ranges
+                    self._first_of_group(step, epoch, g)
+                yield step
+
+    def _first_of_group(self, step, epoch, g):
+        pass
+
+
+class PartitionSchedule(_GroupSchedule):
+    """OUTRE §4.2 partition-based batching: macro batches of `n_per_macro` random parts."""
+    name = "partition"
+    data = ("adjacency",)
+
+    def __init__(self, store, batch_size=1024, n_per_macro=20, seed=0):
+        super().__init__(store, batch_size, seed)
+        if int(n_per_macro) < 1:
+            raise UserError(f"n_per_macro must be >= 1, got {n_per_macro}")
+        self.group_size = self.n_per_macro = int(n_per_macro)
+
+    def params(self):
+        return {**super().params(), "n_per_macro": self.n_per_macro}
+
+
+class MegabatchSchedule(_GroupSchedule):
+    """HierBatching Alg. 1: mega-batches of N_d parts + a static cache, p passes, sampling inside them."""
+    name = "megabatch"
+    data = ("features", "adjacency")
+
+    def __init__(self, store, batch_size=1024, parts_per_megabatch=8, static_ratio=0.01, passes=1.0,
+                 static_scope="adjacent", seed=0):
+        super().__init__(store, batch_size, seed)
+        if int(parts_per_megabatch) < 1:
+            raise UserError(f"parts_per_megabatch must be >= 1, got {parts_per_megabatch}")
+        if not 0 <= static_ratio <= 1:
+            raise UserError(f"static_ratio must be in [0, 1], got {static_ratio}")
+        if not passes > 0:
+            raise UserError(f"passes must be > 0, got {passes}")
+        if static_scope not in ("adjacent", "all"):
+            raise UserError(f"static_scope must be 'adjacent' or 'all', got {static_scope!r}")
+        self.group_size = self.parts_per_megabatch = int(parts_per_megabatch)
+        self.static_ratio, self.passes, self.static_scope = float(static_ratio), float(passes), static_scope
+        deg = store.degrees()
+        k = int(self.static_ratio * store.num_nodes)
+        # top-k by degree, ties to the smaller id (as staticcache.static_cache_candidates)
+        self.static_ids = np.sort(np.argsort(-deg, kind="stable")[:k]).astype(np.int64)
+        self._static_mask = np.zeros(store.num_nodes, dtype=bool)
+        self._static_mask[self.static_ids] = True
+
+    def params(self):
+        return {**super().params(), "parts_per_megabatch": self.parts_per_megabatch,
+                "static_ratio": self.static_ratio, "passes": self.passes, "static_scope": self.static_scope}
+
+    def batches(self, train, rng):
+        """floor(p) full passes, then a fresh shuffle's first round(frac(p)·|train|) nodes (App. B)."""
+        full, frac = divmod(self.passes, 1.0)
+        out = []
+        for _ in range(int(full)):
+            out += _cut(rng.permutation(train), self.batch_size)
+        extra = int(round(frac * len(train)))
+        if extra:
+            out += _cut(rng.permutation(train)[:extra], self.batch_size)
+        return out
+
+    def visible(self, ranges):
+        """Group nodes T plus the static nodes: all of them, or those adjacent to T (T ∪ (N(T) ∩ P))."""
+        t = _ids_of_ranges(ranges)
+        if self.static_scope == "all":
+            return np.union1d(t, self.static_ids)
+        indptr, indices = self.store.indptr, self.store.indices
+        nbr = np.concatenate([indices[indptr[lo]:indptr[hi]] for lo, hi in ranges])
+        adj = nbr[self._static_mask[nbr]]
+        return np.union1d(t, adj.astype(np.int64))
+
+    def _first_of_group(self, step, epoch, g):
+        if epoch == 0 and g == 0:
+            step.enter_ids = self.static_ids
+
+
+SCHEDULES = {"random": RandomSchedule, "partition": PartitionSchedule, "megabatch": MegabatchSchedule}
+
+
+def make_schedule(name, store, **params) -> Schedule:
+    """A schedule by name (see SCHEDULES) with its parameters, e.g. make_schedule("partition", s, n_per_macro=20)."""
+    if isinstance(name, Schedule):
+        return name
+    if name not in SCHEDULES:
+        raise UserError(f"unknown schedule {name!r}; choose from {', '.join(SCHEDULES)}")
+    return SCHEDULES[name](store, **params)
+
+
+# ---------------------------------------------------------------------------------------------
+# The sampler both back ends call, so simulated and executed batches are the same.
+
+_SAMPLERS: dict = {}
+_SUBGRAPH: list = [None, None, None]        # (g, visible, induced subgraph): one residency group at a time
+
+
+def batch_seed(seed, epoch, batch) -> int:
+    """DGL seed of one batch: sampling is reproducible per batch, whatever ran in between."""
+    return int(np.random.SeedSequence([int(seed), int(epoch), int(batch)]).generate_state(1)[0])
+
+
+def sample_blocks(g, seeds, fanouts, visible=None, seed=None):
+    """(input_nodes, output_nodes, blocks) of DGL's NeighborSampler(fanouts) for `seeds`.
+
+    With `visible` (sorted store ids containing the seeds), sampling runs on the subgraph
+    induced by it (built once per `visible` object and reused while the same array is passed),
+    so it never leaves the resident set. Ids are global in the result, including every
+    block's srcdata/dstdata[dgl.NID]. `seed` reseeds DGL first (see `batch_seed`).
+    """
+    import dgl
+    import torch
+    key = tuple(int(f) for f in fanouts)
+    sampler = _SAMPLERS.get(key) or _SAMPLERS.setdefault(key, dgl.dataloading.NeighborSampler(list(key)))
+    seeds = np.asarray(seeds, dtype=np.int64)
+    if seed is not None:
+        dgl.seed(seed)
+    if visible is None:
+        return sampler.sample(g, torch.from_numpy(seeds))
+    if _SUBGRAPH[0] is not g or _SUBGRAPH[1] is not visible:
+        _SUBGRAPH[:] = [g, visible, dgl.node_subgraph(g, torch.from_numpy(visible)).formats("csc")]
+    sg, vis = _SUBGRAPH[2], torch.from_numpy(visible)
+    local = np.searchsorted(visible, seeds)
+    input_nodes, output_nodes, blocks = sampler.sample(sg, torch.from_numpy(local))
+    for b in blocks:
+        b.srcdata[dgl.NID] = vis[b.srcdata[dgl.NID]]
+        b.dstdata[dgl.NID] = vis[b.dstdata[dgl.NID]]
+    return vis[input_nodes], vis[output_nodes], blocks
