@@ -397,7 +397,9 @@ def partition(source, method, parts, seed=0, balance_train=True, passes=1, cache
     The report holds the `quality` metrics plus dataset, method, seed, seconds and the
     process's peak RSS (run each method in a fresh process to compare memory). Results are
     cached under `cache_dir` (default data/partitions, or $OOCGNN_PARTITION_CACHE) and reused
-    when the graph fingerprint matches; `cache_dir=False` disables the cache.
+    when the graph fingerprint matches; `cache_dir=False` disables the cache. `passes` applies
+    to fennel; metis and fennel are deterministic, so `seed` only moves random (and the
+    mega-batch draw of the report).
     """
     csr = CSRSource.of(source)
     check_args(method, parts, csr.num_nodes)
@@ -408,6 +410,8 @@ def partition(source, method, parts, seed=0, balance_train=True, passes=1, cache
             with np.load(path) as z:
                 assignment, row = z["assignment"], json.loads(str(z["report"]))
             if len(assignment) == csr.num_nodes:
+                if n_d is not None and row["n_d"] != n_d:      # n_d is not in the key: re-measure
+                    row.update(_quality(csr, assignment, parts, n_d, seed))
                 return assignment, pd.DataFrame([{**row, "cached": True}])
         except (OSError, ValueError, KeyError):
             pass   # unreadable: recompute and overwrite

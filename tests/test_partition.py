@@ -141,6 +141,8 @@ def test_cache_is_reused_and_keyed_by_the_graph(tiny_data, tiny_store, tmp_path,
     a2, r2 = partition(tiny_data, "fennel", K, cache_dir=tmp_path)
     assert r2.cached.item() and np.array_equal(a1, a2)
     assert r2.drop(columns="cached").equals(r1.drop(columns="cached"))
+    _, r4 = partition(tiny_data, "fennel", K, cache_dir=tmp_path, n_d=2)   # report re-measured only
+    assert r4.cached.item() and r4.n_d.item() == 2 and r4.seconds.item() == r1.seconds.item()
     # the identity-ordered store holds the same CSR and training set: same fingerprint
     a3, r3 = partition(tiny_store, "fennel", K, cache_dir=tmp_path)
     assert r3.cached.item() and np.array_equal(a1, a3)
