@@ -67,4 +67,4 @@ def setup_notebook(seed: int = 0):
 
 def savefig(fig, name: str):
     """Save a notebook figure as figures/<name>.png (name like '01_edge_cut')."""
-    return save_figure(fig, REPO / "figures" / f"{name}.png")
+    save_figure(fig, REPO / "figures" / f"{name}.png")

@@ -36,9 +36,9 @@ class Step:
     seeds: np.ndarray                                 # int64 [B] the batch's training nodes
     group: int = 0                                    # macro batch / mega-batch number in the epoch (random: 0)
     enter_ranges: list = field(default_factory=list)  # [(lo, hi)] ranges loaded (one sequential read each)
-    enter_ids: np.ndarray = _EMPTY                    # sorted scattered ids loaded (static cache)
+    enter_ids: np.ndarray = field(default_factory=lambda: _EMPTY)  # sorted scattered ids loaded (static cache)
     leave_ranges: list = field(default_factory=list)  # [(lo, hi)] ranges dropped
-    leave_ids: np.ndarray = _EMPTY                    # sorted scattered ids dropped
+    leave_ids: np.ndarray = field(default_factory=lambda: _EMPTY)  # sorted scattered ids dropped
     data: tuple = ()                                  # what the entering data holds: "features", "adjacency"
     visible: np.ndarray | None = None                 # sorted ids sampling is restricted to; None = full graph
 
@@ -233,7 +233,7 @@ _SUBGRAPH: list = [None, None, None]        # (g, visible, induced subgraph): on
 
 def batch_seed(seed, epoch, batch) -> int:
     """DGL seed of one batch: sampling is reproducible per batch, whatever ran in between."""
-    return int(np.random.SeedSequence([int(seed), int(epoch), int(batch)]).generate_state(1)[0])
+    return int(np.random.SeedSequence([int(seed), int(epoch), int(batch)]).generate_state(1)[0] >> 1)  # DGL takes an int32
 
 
 def sample_blocks(g, seeds, fanouts, visible=None, seed=None):
@@ -256,7 +256,9 @@ def sample_blocks(g, seeds, fanouts, visible=None, seed=None):
     if _SUBGRAPH[0] is not g or _SUBGRAPH[1] is not visible:
         _SUBGRAPH[:] = [g, visible, dgl.node_subgraph(g, torch.from_numpy(visible)).formats("csc")]
     sg, vis = _SUBGRAPH[2], torch.from_numpy(visible)
-    local = np.searchsorted(visible, seeds)
+    local = np.minimum(np.searchsorted(visible, seeds), len(visible) - 1)
+    if not np.array_equal(visible[local], seeds):
+        raise UserError("sample_blocks: every seed must be in `visible`")
     input_nodes, output_nodes, blocks = sampler.sample(sg, torch.from_numpy(local))
     for b in blocks:
         b.srcdata[dgl.NID] = vis[b.srcdata[dgl.NID]]

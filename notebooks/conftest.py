@@ -1,0 +1,13 @@
+"""nbval glue: the committed notebooks are clean (no execution counts), yet their stored outputs
+are the reference nbval checks, so mark every code cell with outputs as run before comparing."""
+import os
+
+# DGL's OpenMP sampling is reproducible only on one thread; kernels inherit this environment.
+os.environ["OMP_NUM_THREADS"] = "1"
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        cell = getattr(item, "cell", None)
+        if cell is not None and cell.get("outputs") and cell.get("execution_count") is None:
+            cell["execution_count"] = 0

@@ -1,0 +1,515 @@
+"""Feature-cache policies replayed on access traces, all against Belady's optimum.
+
+One contract for every policy (`CACHE_POLICIES[name](capacity, num_nodes, **kw)`), one
+iteration-granular protocol (Ginex §3.4): hits_i = |ids_i ∩ C_i|; C_{i+1} ⊆ C_i ∪ ids_i;
+|C_{i+1}| ≤ capacity. Evictions happen after the iteration's hits are counted.
+
+- `static-degree` (PaGraph: top degrees, prefetched), `static-frequency` (OUTRE §2.7: top
+  profiled counts, filled lazily: a first access is a miss), `lru`, `fifo`, `clock`, `random`,
+  `s3fifo` (Yang et al., SOSP'23: small FIFO 10 %, main FIFO with a 2-bit counter, ghost FIFO
+  of the main's size), `belady` (Ginex: over a horizon of S iterations with a prefetched init per
+  superbatch, or the whole trace; `prefetch=False` starts cold), and `page-lru`: an LRU over
+  4 KiB pages whose capacity is in pages, the OS page cache under mmap.
+- A byte budget buys `capacity_from_budget` rows: the N × 4-byte slot table is paid first
+  (Ginex and OUTRE count it); `page-lru` gets budget // 4096 pages.
+- Rows missed in an iteration are read as their distinct 4 KiB pages (store layout from the
+  trace); prefetches (Belady's init, PaGraph's fill) are reported apart as init_rows/pages.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import numba
+import numpy as np
+import pandas as pd
+
+from .belady import BeladySim
+from .errors import UserError
+from .io import PAGE
+from .trace import Trace, count_pages, new_pages
+
+
+def capacity_from_budget(budget_bytes, row_bytes, num_nodes, table_bytes=4) -> int:
+    """Rows a budget holds after its address table (num_nodes × table_bytes): Ginex §3.3."""
+    return max(0, (int(budget_bytes) - int(num_nodes) * int(table_bytes)) // int(row_bytes))
+
+
+@dataclasses.dataclass
+class CacheResult:
+    """Totals of one replay. rows_read = misses; bytes_read = pages × 4096 (what the device moves)."""
+    policy: str
+    capacity: int
+    iterations: int
+    accesses: int
+    hits: int
+    misses: int
+    pages_read: int
+    bytes_requested: int          # rows_read × row_bytes: useful bytes
+    bytes_read: int
+    init_rows: int                # prefetched outside the iterations (Belady init, static fill)
+    init_pages: int
+    seconds: float
+    per_iteration: pd.DataFrame | None = None
+
+    @property
+    def rows_read(self):
+        return self.misses
+
+    @property
+    def hit_ratio(self):
+        return self.hits / max(1, self.accesses)
+
+    @property
+    def total_rows(self):
+        return self.misses + self.init_rows
+
+    @property
+    def total_pages(self):
+        return self.pages_read + self.init_pages
+
+    def as_dict(self) -> dict:
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "per_iteration"}
+        return {**d, "rows_read": self.rows_read, "hit_ratio": self.hit_ratio, "total_rows": self.total_rows,
+                "total_pages": self.total_pages, "init_bytes": self.init_pages * PAGE}
+
+
+class CachePolicy:
+    """Base: `begin(trace)` resets the state, `run(lo, hi)` replays iterations lo..hi-1 and returns
+    per-iteration (hits, missed pages, init rows, init pages); `contents()` -> sorted cached ids."""
+    name, unit = "base", "row"
+
+    def __init__(self, capacity, num_nodes):
+        self.capacity, self.num_nodes = int(capacity), int(num_nodes)
+        if self.capacity < 0 or self.num_nodes < 1:
+            raise UserError(f"cache capacity must be >= 0 and num_nodes >= 1, got {capacity}, {num_nodes}")
+        self.trace = None
+
+    @classmethod
+    def from_budget(cls, budget_bytes, row_bytes, num_nodes, table_bytes=4, **kw):
+        return cls(capacity_from_budget(budget_bytes, row_bytes, num_nodes, table_bytes), num_nodes, **kw)
+
+    def begin(self, trace: Trace):
+        if trace.num_nodes != self.num_nodes:
+            raise UserError(f"trace has {trace.num_nodes} nodes, the cache was built for {self.num_nodes}")
+        self.trace = trace
+        self.offsets = np.ascontiguousarray(trace.offsets, dtype=np.int64)
+        self.ids = np.ascontiguousarray(trace.ids)
+        self.layout = (trace.row_stride, trace.row_bytes)
+        self.prefetched = np.empty(0, np.int64)     # ids of the latest prefetch (init)
+        self.reset()
+
+    def run(self, lo, hi):
+        k = hi - lo
+        hits, pages, init = np.zeros(k, np.int64), np.zeros(k, np.int64), np.zeros((2, k), np.int64)
+        self._run(lo, hi, hits, pages, init)
+        return hits, pages, init[0], init[1]
+
+    def __repr__(self):
+        return f"{type(self).__name__}(capacity={self.capacity}, num_nodes={self.num_nodes})"
+
+
+# ---- linked-list policies: LRU, FIFO (nodes), page-LRU (pages) -----------------------------
+@numba.njit(cache=True, inline="always")
+def _unlink(nxt, prv, v):
+    nxt[prv[v]], prv[nxt[v]] = nxt[v], prv[v]
+
+
+@numba.njit(cache=True, inline="always")
+def _push(nxt, prv, head, v):
+    nxt[v], prv[v] = nxt[head], head
+    prv[nxt[head]] = v
+    nxt[head] = v
+
+
+@numba.njit(cache=True)
+def _lru(offsets, ids, lo, hi, nxt, prv, inc, st, cap, move, paged, stride, rbytes, hits, pages):
+    """LRU (move on hit) or FIFO over rows, or LRU over the pages of rows (`paged`)."""
+    head, size = len(nxt) - 1, st[0]
+    for i in range(lo, hi):
+        h, pg, last, lastq, last_ok = 0, 0, -1, -1, True
+        for p in range(offsets[i], offsets[i + 1]):
+            v = np.int64(ids[p])
+            first, end, ok = v, v, True
+            if paged:
+                first, end = v * stride // PAGE, (v * stride + rbytes - 1) // PAGE
+            for q in range(first, end + 1):
+                if q == lastq:                      # rows are sorted: a shared page is the last one
+                    ok = ok and last_ok
+                    continue
+                hit = inc[q] != 0
+                if hit and move:
+                    _unlink(nxt, prv, q)
+                if not hit:
+                    inc[q] = 1
+                    size += 1
+                if move or not hit:
+                    _push(nxt, prv, head, q)
+                if paged:
+                    pg += not hit
+                    lastq, last_ok = q, hit
+                ok = ok and hit
+            h += ok
+            if not ok and not paged:
+                n, last = new_pages(v, last, stride, rbytes)
+                pg += n
+        while size > cap:                           # evict after counting: hits are against C_i
+            t = prv[head]
+            _unlink(nxt, prv, t)
+            inc[t] = 0
+            size -= 1
+        hits[i - lo], pages[i - lo] = h, pg
+    st[0] = size
+
+
+class LRUCache(CachePolicy):
+    """Least recently used; within an iteration ids are touched in id order."""
+    name, move, paged = "lru", True, False
+
+    def slots(self):
+        return self.num_nodes
+
+    def reset(self):
+        n = self.slots()
+        self.nxt, self.prv = np.full(n + 1, n, np.int64), np.full(n + 1, n, np.int64)
+        self.inc, self.st = np.zeros(n, np.uint8), np.zeros(1, np.int64)
+
+    def _run(self, lo, hi, hits, pages, init):
+        _lru(self.offsets, self.ids, lo, hi, self.nxt, self.prv, self.inc, self.st, self.capacity,
+             self.move, self.paged, *self.layout, hits, pages)
+
+    def contents(self):
+        return np.flatnonzero(self.inc)
+
+
+class FIFOCache(LRUCache):
+    """First in, first out: hits do not reorder."""
+    name, move = "fifo", False
+
+
+class PageLRUCache(LRUCache):
+    """LRU over 4 KiB pages (the OS page cache under mmap): capacity in pages, a miss loads whole
+    pages; a row hits when all its pages are resident. `contents()` are page ids."""
+    name, paged, unit = "page-lru", True, "page"
+
+    @classmethod
+    def from_budget(cls, budget_bytes, row_bytes, num_nodes, table_bytes=0, **kw):
+        return cls(int(budget_bytes) // PAGE, num_nodes, **kw)
+
+    def slots(self):
+        stride, rbytes = self.layout
+        return (int(self.num_nodes - 1) * stride + rbytes - 1) // PAGE + 1
+
+
+# ---- slot-array policies: CLOCK, random ----------------------------------------------------
+@numba.njit(cache=True)
+def _slots(offsets, ids, lo, hi, slot, where, ref, st, cap, clock, stride, rbytes, hits, pages):
+    """CLOCK (second chance, hits set a reference bit) or random replacement over `cap` slots."""
+    size, hand, rng = st[0], st[1], np.uint64(st[2])
+    miss = np.empty(0 if hi <= lo else np.max(offsets[lo + 1:hi + 1] - offsets[lo:hi]), np.int64)
+    for i in range(lo, hi):
+        h, pg, last, nm = 0, 0, -1, 0
+        for p in range(offsets[i], offsets[i + 1]):
+            v = np.int64(ids[p])
+            if where[v] >= 0:
+                h += 1
+                ref[v] = 1
+            else:
+                n, last = new_pages(v, last, stride, rbytes)
+                pg += n
+                miss[nm] = v
+                nm += 1
+        hits[i - lo], pages[i - lo] = h, pg
+        for m in range(nm if cap > 0 else 0):
+            v = miss[m]
+            if size < cap:
+                j = size
+                size += 1
+            else:
+                if clock:
+                    while ref[slot[hand]]:
+                        ref[slot[hand]] = 0
+                        hand = (hand + 1) % cap
+                    j = hand
+                    hand = (hand + 1) % cap
+                else:                              # xorshift64*: a seeded, self-contained stream
+                    rng ^= rng >> np.uint64(12)
+                    rng ^= rng << np.uint64(25)
+                    rng ^= rng >> np.uint64(27)
+                    j = np.int64((rng * np.uint64(2685821657736338717)) % np.uint64(cap))
+                where[slot[j]] = -1
+            slot[j], where[v], ref[v] = v, j, 0
+    st[0], st[1], st[2] = size, hand, np.int64(rng)
+
+
+class ClockCache(CachePolicy):
+    """CLOCK: a hand sweeps the slots, clearing reference bits, and replaces the first unreferenced."""
+    name, clock = "clock", True
+
+    def __init__(self, capacity, num_nodes, seed=0):
+        super().__init__(capacity, num_nodes)
+        self.seed = int(seed)
+
+    def reset(self):
+        self.slot, self.where = np.zeros(self.capacity, np.int64), np.full(self.num_nodes, -1, np.int64)
+        self.ref = np.zeros(self.num_nodes, np.uint8)
+        self.st = np.array([0, 0, (self.seed * 0x9E3779B97F4A7C15 + 1) % (1 << 63) or 1], np.int64)
+
+    def _run(self, lo, hi, hits, pages, init):
+        _slots(self.offsets, self.ids, lo, hi, self.slot, self.where, self.ref, self.st, self.capacity,
+               self.clock, *self.layout, hits, pages)
+
+    def contents(self):
+        return np.sort(self.slot[:self.st[0]])
+
+
+class RandomCache(ClockCache):
+    """Random replacement (seeded): a miss replaces a uniformly chosen slot once full."""
+    name, clock = "random", False
+
+
+# ---- S3-FIFO ---------------------------------------------------------------------------------
+@numba.njit(cache=True)
+def _s3fifo(offsets, ids, lo, hi, nxt, prv, where, freq, st, cap, stride, rbytes, hits, pages):
+    """S3-FIFO (Yang et al. SOSP'23, Alg. 1). where: 0 out, 1 small, 2 main, 3 ghost."""
+    n = len(where)
+    hs, hm, hg = n, n + 1, n + 2                    # list heads of S, M, G in one intrusive list
+    ss, sm, sg = st[0], st[1], st[2]
+    scap, gcap = 0.1 * cap, cap - int(0.1 * cap)
+    miss = np.empty(0 if hi <= lo else np.max(offsets[lo + 1:hi + 1] - offsets[lo:hi]), np.int64)
+    for i in range(lo, hi):
+        h, pg, last, nm = 0, 0, -1, 0
+        for p in range(offsets[i], offsets[i + 1]):
+            v = np.int64(ids[p])
+            if where[v] == 1 or where[v] == 2:
+                h += 1
+                freq[v] = min(freq[v] + 1, 3)
+            else:
+                k, last = new_pages(v, last, stride, rbytes)
+                pg += k
+                miss[nm] = v
+                nm += 1
+        hits[i - lo], pages[i - lo] = h, pg
+        for m in range(nm if cap > 0 else 0):
+            v = miss[m]
+            while ss + sm >= cap:                   # evict()
+                if ss >= scap and ss > 0:           # evictS: promote re-used, else to the ghost
+                    while ss > 0:
+                        t = prv[hs]
+                        _unlink(nxt, prv, t)
+                        ss -= 1
+                        if freq[t] > 1:
+                            _push(nxt, prv, hm, t)
+                            where[t], freq[t] = 2, 0
+                            sm += 1
+                            if sm > gcap:           # main full: reinsert-or-evict its tail
+                                while True:
+                                    u = prv[hm]
+                                    _unlink(nxt, prv, u)
+                                    if freq[u] > 0:
+                                        freq[u] -= 1
+                                        _push(nxt, prv, hm, u)
+                                    else:
+                                        where[u] = 0
+                                        sm -= 1
+                                        break
+                        else:
+                            _push(nxt, prv, hg, t)
+                            where[t] = 3
+                            sg += 1
+                            if sg > gcap:
+                                u = prv[hg]
+                                _unlink(nxt, prv, u)
+                                where[u] = 0
+                                sg -= 1
+                            break
+                else:                               # evictM: 2-bit CLOCK over the main FIFO
+                    while True:
+                        u = prv[hm]
+                        _unlink(nxt, prv, u)
+                        if freq[u] > 0:
+                            freq[u] -= 1
+                            _push(nxt, prv, hm, u)
+                        else:
+                            where[u] = 0
+                            sm -= 1
+                            break
+            if where[v] == 3:                       # ghost hit: straight into main
+                _unlink(nxt, prv, v)
+                sg -= 1
+                _push(nxt, prv, hm, v)
+                where[v] = 2
+                sm += 1
+            else:
+                _push(nxt, prv, hs, v)
+                where[v] = 1
+                ss += 1
+            freq[v] = 0
+    st[0], st[1], st[2] = ss, sm, sg
+
+
+class S3FIFOCache(CachePolicy):
+    name = "s3fifo"
+
+    def reset(self):
+        n = self.num_nodes
+        self.nxt = np.concatenate([np.zeros(n, np.int64), np.arange(n, n + 3)])
+        self.prv = self.nxt.copy()
+        self.where, self.freq = np.zeros(n, np.uint8), np.zeros(n, np.uint8)
+        self.st = np.zeros(3, np.int64)
+
+    def _run(self, lo, hi, hits, pages, init):
+        _s3fifo(self.offsets, self.ids, lo, hi, self.nxt, self.prv, self.where, self.freq, self.st,
+                self.capacity, *self.layout, hits, pages)
+
+    def contents(self):
+        return np.flatnonzero((self.where == 1) | (self.where == 2))
+
+
+# ---- static caches -------------------------------------------------------------------------
+@numba.njit(cache=True)
+def _static(offsets, ids, lo, hi, member, inc, stride, rbytes, hits, pages):
+    for i in range(lo, hi):
+        h, pg, last = 0, 0, -1
+        for p in range(offsets[i], offsets[i + 1]):
+            v = np.int64(ids[p])
+            if inc[v]:
+                h += 1
+            else:
+                n, last = new_pages(v, last, stride, rbytes)
+                pg += n
+                inc[v] = member[v]                  # lazy fill: admitted on its first miss
+        hits[i - lo], pages[i - lo] = h, pg
+
+
+class StaticCache(CachePolicy):
+    """The `capacity` highest-scoring nodes (ties to the smaller id), never replaced.
+    fill="prefetch" loads them before iteration 0 (reported as init); "lazy" on first miss."""
+    name, fill, score_kw = "static", "prefetch", "score"
+
+    def __init__(self, capacity, num_nodes, fill=None, **kw):
+        super().__init__(capacity, num_nodes)
+        score = kw.get(self.score_kw)
+        if score is None or len(score) != num_nodes:
+            raise UserError(f"{self.name} needs {self.score_kw}= (an array of {num_nodes} values)")
+        self.fill = fill or self.fill
+        if self.fill not in ("prefetch", "lazy"):
+            raise UserError(f"fill must be 'prefetch' or 'lazy', got {self.fill!r}")
+        self.static_ids = np.sort(np.argsort(-np.asarray(score, np.float64), kind="stable")[:self.capacity])
+
+    def reset(self):
+        self.member, self.inc = np.zeros(self.num_nodes, np.uint8), np.zeros(self.num_nodes, np.uint8)
+        self.member[self.static_ids] = 1
+        if self.fill == "prefetch":
+            self.inc[self.static_ids] = 1
+
+    def _run(self, lo, hi, hits, pages, init):
+        if lo == 0 and hi > 0 and self.fill == "prefetch":
+            self.prefetched = self.static_ids
+            init[:, 0] = len(self.static_ids), count_pages(self.static_ids, *self.layout)
+        _static(self.offsets, self.ids, lo, hi, self.member, self.inc, *self.layout, hits, pages)
+
+    def contents(self):
+        return np.flatnonzero(self.inc)
+
+
+class DegreeCache(StaticCache):
+    """PaGraph: the highest-degree nodes, prefetched. Needs degrees=."""
+    name, score_kw = "static-degree", "degrees"
+
+
+class FrequencyCache(StaticCache):
+    """OUTRE: the most accessed nodes of a profiling run (`Trace.counts()`), filled lazily. Needs counts=."""
+    name, fill, score_kw = "static-frequency", "lazy", "counts"
+
+
+# ---- Belady --------------------------------------------------------------------------------
+class BeladyCache(CachePolicy):
+    """Belady over a horizon of `horizon` iterations (a superbatch; None = the whole trace).
+    prefetch=True: each superbatch starts from Ginex's init (first `capacity` distinct ids), read
+    before it and reported as init; prefetch=False: cold start, the cache carries over."""
+    name = "belady"
+
+    def __init__(self, capacity, num_nodes, horizon=None, prefetch=True):
+        super().__init__(capacity, num_nodes)
+        self.horizon, self.prefetch = (None if horizon is None else int(horizon)), bool(prefetch)
+        if self.horizon is not None and self.horizon < 1:
+            raise UserError(f"Belady horizon must be >= 1 iterations, got {horizon}")
+
+    def reset(self):
+        self.sim = BeladySim(self.trace, self.capacity, self.prefetch)
+        self.sb_end = 0
+
+    def _run(self, lo, hi, hits, pages, init):
+        s = self.horizon or max(1, len(self.trace))
+        i = lo
+        while i < hi:
+            if i == self.sb_end:                    # superbatch start: index it, prefetch init
+                self.sb_end = min(len(self.trace), i + s)
+                first = self.sim.start(i, self.sb_end)
+                self.prefetched = first
+                if len(first):
+                    init[:, i - lo] = len(first), count_pages(first, *self.layout)
+            j = min(hi, self.sb_end)
+            hits[i - lo:j - lo], pages[i - lo:j - lo] = self.sim.run(i, j)
+            i = j
+
+    def contents(self):
+        return self.sim.contents()
+
+
+CACHE_POLICIES = {c.name: c for c in (DegreeCache, FrequencyCache, LRUCache, FIFOCache, ClockCache,
+                                      S3FIFOCache, RandomCache, BeladyCache, PageLRUCache)}
+
+
+def make_policy(name, capacity, num_nodes, **kw) -> CachePolicy:
+    if name not in CACHE_POLICIES:
+        raise UserError(f"unknown cache policy {name!r}; choose from {', '.join(CACHE_POLICIES)}")
+    return CACHE_POLICIES[name](capacity, num_nodes, **kw)
+
+
+def replay(trace: Trace, policy: CachePolicy, per_iteration=False, stream="features") -> CacheResult:
+    """Replay a trace (stream "features" or "neighbours") through a policy from an empty state."""
+    trace = trace.stream(stream)
+    t = time.perf_counter()
+    policy.begin(trace)
+    hits, pages, irows, ipages = policy.run(0, len(trace))
+    seconds = time.perf_counter() - t
+    sizes = trace.sizes()
+    misses = int(sizes.sum() - hits.sum())
+    df = None
+    if per_iteration:
+        df = pd.DataFrame({"accesses": sizes, "hits": hits, "misses": sizes - hits, "pages_read": pages,
+                           "init_rows": irows, "init_pages": ipages})
+    return CacheResult(policy.name, policy.capacity, len(trace), trace.accesses, int(hits.sum()), misses,
+                       int(pages.sum()), misses * trace.row_bytes, int(pages.sum()) * PAGE,
+                       int(irows.sum()), int(ipages.sum()), seconds, df)
+
+
+def macrobatch_fetch(trace: Trace, ks, cache: CachePolicy | None = None) -> pd.DataFrame:
+    """BatchGNN macrobatching: every k consecutive iterations fetch the union of their ids once.
+
+    One row per k: macrobatches, accesses (Σ per-iteration unique, the k = 1 fetch), fetched rows,
+    pages and bytes, the largest union (rows buffered at once) and rows vs k = 1. With `cache`, the
+    union is first looked up in the cache (replayed over the macrobatches, each one iteration);
+    fetched then counts the misses, and init the cache's prefetch.
+    """
+    rows = []
+    for k in np.atleast_1d(ks):
+        k = len(trace) if k is None or k <= 0 else int(k)
+        mb = trace.coarsen(k)
+        if cache is None:
+            fetched, pages, init_rows, init_pages = mb.accesses, int(mb.pages().sum()), 0, 0
+        else:
+            r = replay(mb, cache)
+            fetched, pages, init_rows, init_pages = r.misses, r.pages_read, r.init_rows, r.init_pages
+        rows.append({"k": k, "macrobatches": len(mb), "accesses": trace.accesses, "union_rows": mb.accesses,
+                     "fetched_rows": fetched, "fetched_pages": pages,
+                     "bytes_requested": fetched * trace.row_bytes, "bytes_read": pages * PAGE,
+                     "init_rows": init_rows, "init_pages": init_pages,
+                     "max_union_rows": int(mb.sizes().max()) if len(mb) else 0,
+                     "cache": "none" if cache is None else cache.name,
+                     "capacity": 0 if cache is None else cache.capacity})
+    df = pd.DataFrame(rows)
+    df["rows_vs_k1"] = df["fetched_rows"] / max(1, trace.accesses)
+    return df

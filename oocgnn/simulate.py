@@ -1,0 +1,227 @@
+"""Exact I/O simulation of a schedule: sample every batch, read nothing, count everything.
+
+`simulate` replays a schedule (`oocgnn.schedules`) with the same seeded DGL sampler the
+executor uses (`sample_blocks`) and counts, per batch, what the store layout implies:
+feature rows and 4 KiB pages read from features.bin (rows sharing a page within a batch are
+read once, as DirectReader coalesces them), neighbour lists and pages read from indices.bin,
+and the sequential loads of residency changes. Resident data is never read again:
+a megabatch's group and static cache (features + adjacency), a partition macro batch's
+adjacency (OUTRE's dynamic neighbour cache), plus optional external caches.
+
+With `history` (ids supplying their layer-(L−1) embedding, OUTRE §4.3), a second set of
+columns counts the pruned computation graph (`history_prune`).
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pandas as pd
+from tqdm.auto import tqdm
+
+from .errors import UserError
+from .io import PAGE
+from .schedules import batch_seed, make_schedule, sample_blocks
+
+DATA = ("features", "adjacency")
+
+
+def page_union(first, last) -> tuple[int, int]:
+    """(pages, runs) covered by page spans [first[i], last[i]] given in ascending order of first."""
+    if len(first) == 0:
+        return 0, 0
+    reach = np.maximum.accumulate(last)
+    prev = np.concatenate(([-2], reach[:-1]))
+    pages = int(np.maximum(last - np.maximum(first, prev + 1) + 1, 0).sum())
+    return pages, int(np.count_nonzero(first > prev + 1))
+
+
+def _as_mask(ids, n):
+    mask = np.zeros(n, dtype=bool)
+    if ids is not None:
+        ids = np.asarray(ids)
+        if ids.dtype == bool:
+            if ids.shape != (n,):
+                raise UserError(f"a boolean node mask must have shape ({n},), got {ids.shape}")
+            return ids.copy()
+        mask[ids.astype(np.int64)] = True
+    return mask
+
+
+class Layout:
+    """Page arithmetic of a store: feature rows in features.bin, neighbour lists in indices.bin."""
+
+    def __init__(self, store):
+        self.stride, self.row_bytes = store.row_stride, store.row_bytes
+        self.indptr = np.asarray(store.indptr, dtype=np.int64)
+        self.isz = np.dtype(store.meta["index_dtype"]).itemsize
+
+    def feature_pages(self, rows):
+        """(pages, runs) of reading sorted unique `rows` in one batch."""
+        pos = rows * self.stride
+        return page_union(pos // PAGE, (pos + self.row_bytes - 1) // PAGE)
+
+    def adjacency_pages(self, nodes):
+        """(pages, runs) of reading the neighbour lists of sorted unique `nodes` (empty lists read nothing)."""
+        start, end = self.indptr[nodes] * self.isz, self.indptr[nodes + 1] * self.isz
+        keep = end > start
+        return page_union(start[keep] // PAGE, (end[keep] - 1) // PAGE)
+
+    def range_pages(self, lo, hi) -> tuple[int, int]:
+        """(feature pages, adjacency pages) of sequential reads of rows [lo, hi)."""
+        if hi <= lo:
+            return 0, 0
+        fp = ((hi - 1) * self.stride + self.row_bytes - 1) // PAGE - lo * self.stride // PAGE + 1
+        a, b = self.indptr[lo] * self.isz, self.indptr[hi] * self.isz
+        return int(fp), int((b - 1) // PAGE - a // PAGE + 1) if b > a else 0
+
+
+class Residency:
+    """What is in RAM: boolean masks over store ids per (data, ranges|ids); `apply` counts the loads."""
+
+    def __init__(self, store, feature_cache=None, neighbour_cache=None):
+        n = store.num_nodes
+        self.layout, self.deg = Layout(store), store.degrees()
+        self.masks = {(d, k): np.zeros(n, dtype=bool) for d in DATA for k in ("ranges", "ids")}
+        self.extra = {"features": _as_mask(feature_cache, n), "adjacency": _as_mask(neighbour_cache, n)}
+        self._update()
+
+    def _update(self):
+        self.resident = {d: self.masks[d, "ranges"] | self.masks[d, "ids"] | self.extra[d] for d in DATA}
+        self.counts = {d: int(np.count_nonzero(self.masks[d, "ranges"] | self.masks[d, "ids"])) for d in DATA}
+
+    def apply(self, step) -> dict:
+        """Apply the step's residency change (leave, then enter) and return its load counts."""
+        load = dict.fromkeys(("load_feature_rows", "load_feature_pages", "load_edges",
+                              "load_adjacency_pages"), 0)
+        if not (step.leave_ranges or step.enter_ranges or len(step.leave_ids) or len(step.enter_ids)):
+            return load
+        for d in DATA:
+            for lo, hi in step.leave_ranges:
+                self.masks[d, "ranges"][lo:hi] = False
+            self.masks[d, "ids"][step.leave_ids] = False
+        lay = self.layout
+        ids = np.unique(np.asarray(step.enter_ids, dtype=np.int64))
+        for d in step.data:
+            if d not in DATA:
+                raise UserError(f"unknown resident data {d!r}; expected one of {DATA}")
+            for lo, hi in step.enter_ranges:
+                self.masks[d, "ranges"][lo:hi] = True
+            self.masks[d, "ids"][ids] = True
+        if "features" in step.data:
+            load["load_feature_rows"] = sum(hi - lo for lo, hi in step.enter_ranges) + len(ids)
+            load["load_feature_pages"] = (sum(lay.range_pages(lo, hi)[0] for lo, hi in step.enter_ranges)
+                                          + lay.feature_pages(ids)[0])
+        if "adjacency" in step.data:
+            load["load_edges"] = (sum(int(lay.indptr[hi] - lay.indptr[lo]) for lo, hi in step.enter_ranges)
+                                  + int(self.deg[ids].sum()))
+            load["load_adjacency_pages"] = (sum(lay.range_pages(lo, hi)[1] for lo, hi in step.enter_ranges)
+                                            + lay.adjacency_pages(ids)[0])
+        self._update()
+        return load
+
+
+def history_prune(blocks, history_mask):
+    """(input, expanded, skipped) masks over the local ids of blocks[0].src, blocks[0].dst, blocks[-1].src.
+
+    OUTRE §4.3: a history node met at hop 1 (a source of the last layer) that is not a seed
+    is SKIPped: its h^(L−1) comes from the cache, so it is not expanded at hop 1. If it is
+    also drawn as a neighbour deeper down (NEEDED), its lower-layer embedding is needed and it
+    is expanded there. R_1 = hop-1 nodes minus skipped, then R_{h+1} = R_h ∪ sampled nbrs(R_h).
+    """
+    import dgl
+    if len(blocks) < 2:
+        raise UserError("history reuse needs at least 2 layers (it caches h^(L-1))")
+    last = blocks[-1]
+    skipped = history_mask[last.srcdata[dgl.NID].numpy()]
+    skipped[:last.num_dst_nodes()] = False         # seeds are computed exactly
+    need = ~skipped
+    for b in reversed(blocks[:-1]):                # hop 1, 2, ..., L-1
+        expanded = need
+        src, dst = (t.numpy() for t in b.edges())
+        need = np.zeros(b.num_src_nodes(), dtype=bool)
+        need[:b.num_dst_nodes()] = expanded        # dst nodes come first among the sources
+        need[src[expanded[dst]]] = True
+    return need, expanded, skipped
+
+
+def _reads(lay, res, ids, adjacency=False):
+    """(count, pages) of the ids not resident: feature rows, or neighbour lists when adjacency."""
+    ids = np.sort(ids)
+    if adjacency:
+        miss = ids[~res["adjacency"][ids] & (lay.indptr[ids + 1] > lay.indptr[ids])]
+        return len(miss), lay.adjacency_pages(miss)[0]
+    miss = ids[~res["features"][ids]]
+    return len(miss), *lay.feature_pages(miss)
+
+
+def simulate(store, schedule, fanouts, epochs=1, seed=0, feature_cache=None, neighbour_cache=None,
+             history=None, progress=True, g=None, **schedule_params) -> pd.DataFrame:
+    """One row per batch of `epochs` epochs of `schedule` (a Schedule, or a name + schedule_params).
+
+    `seed` seeds the sampler per batch (`batch_seed(seed, epoch, batch)`) and a schedule given
+    by name. feature_cache / neighbour_cache: ids (or masks) always resident at no cost;
+    history: ids (or a mask) reusing h^(L−1), adding the `*_hist` columns. `g`: the store's
+    DGL graph, if already built. `df.attrs` holds the schedule, fanouts and wall seconds.
+    """
+    import dgl
+    fanouts = [int(f) for f in fanouts]
+    schedule = make_schedule(schedule, store, **({"seed": seed} | schedule_params)) \
+        if isinstance(schedule, str) else schedule
+    g = store.graph() if g is None else g
+    res = Residency(store, feature_cache, neighbour_cache)
+    lay, hist = res.layout, (None if history is None else _as_mask(history, store.num_nodes))
+    rows, t0 = [], time.perf_counter()
+    bar = tqdm(desc=f"simulate {schedule.name}", unit="batch", disable=not progress, leave=False)
+    for epoch in range(epochs):
+        for b, step in enumerate(schedule.epoch(epoch)):
+            row = {"epoch": epoch, "batch": b, "group": step.group, "seeds": len(step.seeds),
+                   "visible_nodes": store.num_nodes if step.visible is None else len(step.visible)}
+            load = res.apply(step)
+            _, _, blocks = sample_blocks(g, step.seeds, fanouts, step.visible, seed=batch_seed(seed, epoch, b))
+            row["unique_l0"] = blocks[-1].num_dst_nodes()
+            for h, blk in enumerate(reversed(blocks), 1):
+                row[f"unique_l{h}"] = blk.num_src_nodes()
+            inp, exp = blocks[0].srcdata[dgl.NID].numpy(), blocks[0].dstdata[dgl.NID].numpy()
+            row["input_nodes"] = row["feature_rows_needed"] = len(inp)
+            row["feature_rows_read"], row["feature_pages_read"], row["feature_runs"] = _reads(lay, res.resident, inp)
+            row["neighbour_lists_needed"] = len(exp)
+            row["neighbour_lists_read"], row["neighbour_pages_read"] = _reads(lay, res.resident, exp, True)
+            row.update(load)
+            row["load_pages"] = load["load_feature_pages"] + load["load_adjacency_pages"]
+            row["load_bytes"] = row["load_pages"] * PAGE
+            row["resident_feature_rows"], row["resident_adjacency_nodes"] = (res.counts[d] for d in DATA)
+            if hist is not None:
+                need, expd, skipped = history_prune(blocks, hist)
+                row["history_hits"] = int(np.count_nonzero(skipped))
+                row["input_nodes_hist"] = int(np.count_nonzero(need))
+                row["feature_rows_read_hist"], row["feature_pages_read_hist"], _ = _reads(lay, res.resident, inp[need])
+                row["neighbour_lists_read_hist"], row["neighbour_pages_read_hist"] = \
+                    _reads(lay, res.resident, exp[expd], True)
+            rows.append(row)
+            bar.update()
+    bar.close()
+    df = pd.DataFrame(rows)
+    df.attrs.update(schedule=repr(schedule), fanouts=fanouts, seed=seed, seconds=time.perf_counter() - t0)
+    return df
+
+
+_LEVELS = ("visible_nodes", "resident_feature_rows", "resident_adjacency_nodes")
+
+
+def summarize(df: pd.DataFrame) -> pd.DataFrame:
+    """Per-epoch totals of a `simulate` frame, plus RR (OUTRE Eq. 2) and disk bytes."""
+    skip = {"epoch", "batch", "group", *_LEVELS}
+    sums = df.groupby("epoch")[[c for c in df.columns if c not in skip]].sum()
+    out = pd.DataFrame({"batches": df.groupby("epoch").size(), "groups": df.groupby("epoch")["group"].nunique()})
+    out = out.join(sums)
+    for c in _LEVELS:
+        out[f"max_{c}"] = df.groupby("epoch")[c].max()
+    out["rr"] = out["input_nodes"] / out["seeds"]
+    out["disk_pages"] = out["feature_pages_read"] + out["neighbour_pages_read"] + out["load_pages"]
+    if "input_nodes_hist" in out:
+        out["rr_hist"] = out["input_nodes_hist"] / out["seeds"]
+        out["disk_pages_hist"] = (out["feature_pages_read_hist"] + out["neighbour_pages_read_hist"]
+                                  + out["load_pages"])
+    out["disk_bytes"] = out["disk_pages"] * PAGE
+    return out.reset_index()

@@ -1,0 +1,168 @@
+"""Schedules: one contract over every policy, plus each policy's own guarantees, and the shared sampler."""
+import numpy as np
+import pytest
+import torch
+
+from oocgnn.errors import UserError
+from oocgnn.schedules import SCHEDULES, Step, batch_seed, make_schedule, sample_blocks
+
+PARAMS = {"random": {"batch_size": 64},
+          "partition": {"batch_size": 64, "n_per_macro": 3},
+          "megabatch": {"batch_size": 64, "parts_per_megabatch": 4, "static_ratio": 0.02}}
+
+
+@pytest.fixture(scope="module")
+def parted(tiny_data, tmp_path_factory):
+    """The tiny graph in a random store order, cut into 13 uneven parts (no partitioner needed)."""
+    from oocgnn.store import write_store
+    n = tiny_data.num_nodes
+    order = np.random.default_rng(7).permutation(n)
+    cuts = np.sort(np.random.default_rng(8).choice(np.arange(1, n), 12, replace=False))
+    return write_store(tiny_data, tmp_path_factory.mktemp("sched") / "parted", order=order,
+                       part_offsets=np.concatenate([[0], cuts, [n]]), progress=False)
+
+
+@pytest.fixture(scope="module")
+def graph(parted):
+    return parted.graph()
+
+
+def _steps(store, name, epoch=0, **kw):
+    return list(make_schedule(name, store, **{**PARAMS[name], **kw}).epoch(epoch))
+
+
+def _part_of(store, ids):
+    return np.searchsorted(store.part_offsets, ids, side="right") - 1
+
+
+def test_registry():
+    assert set(SCHEDULES) == {"random", "partition", "megabatch"}
+
+
+@pytest.mark.parametrize("name", sorted(SCHEDULES))
+def test_every_training_node_once_per_epoch(parted, name):
+    for epoch in (0, 1):
+        steps = _steps(parted, name, epoch)
+        assert all(isinstance(s, Step) and s.seeds.dtype == np.int64 for s in steps)
+        assert all(0 < len(s.seeds) <= 64 for s in steps)
+        seen = np.sort(np.concatenate([s.seeds for s in steps]))
+        np.testing.assert_array_equal(seen, parted.train_idx)   # each exactly once (p = 1)
+
+
+@pytest.mark.parametrize("name", sorted(SCHEDULES))
+def test_deterministic_per_seed_and_epoch(parted, name):
+    def key(steps):
+        return [(s.seeds.tolist(), s.group, s.enter_ranges, s.leave_ranges, s.enter_ids.tolist(),
+                 None if s.visible is None else s.visible.tolist()) for s in steps]
+    a, b = _steps(parted, name, 1, seed=3), _steps(parted, name, 1, seed=3)
+    assert key(a) == key(b)
+    assert key(a) != key(_steps(parted, name, 1, seed=4))
+    assert key(a) != key(_steps(parted, name, 2, seed=3))
+
+
+@pytest.mark.parametrize("name", ["partition", "megabatch"])
+def test_groups_are_parts_and_residency_chains(parted, name):
+    """A group's seeds lie in the ranges that entered with it; each group evicts the previous one."""
+    n_group = PARAMS[name].get("n_per_macro") or PARAMS[name]["parts_per_megabatch"]
+    resident = []
+    for epoch in (0, 1):
+        groups = {}
+        for s in _steps(parted, name, epoch):
+            if s.enter_ranges:
+                assert s.leave_ranges == resident
+                resident = s.enter_ranges
+                assert all(lo < hi for lo, hi in resident)
+                assert all(a[1] < b[0] for a, b in zip(resident, resident[1:])), "merged, sorted"
+            groups.setdefault(s.group, []).append(s)
+            ids = np.concatenate([np.arange(lo, hi) for lo, hi in resident])
+            assert np.isin(s.seeds, ids).all()
+        assert sorted(groups) == list(range(len(groups)))
+        for steps in groups.values():
+            assert steps[0].enter_ranges and not any(s.enter_ranges for s in steps[1:])
+            parts = np.unique(_part_of(parted, np.concatenate([np.arange(lo, hi)
+                                                               for lo, hi in steps[0].enter_ranges])))
+            assert len(parts) <= n_group
+    assert _steps(parted, "random")[0].enter_ranges == []
+
+
+def test_partition_keeps_adjacency_and_samples_everywhere(parted):
+    steps = _steps(parted, "partition")
+    assert all(s.visible is None and s.data == ("adjacency",) for s in steps)
+    assert all(len(s.enter_ids) == 0 for s in steps)
+
+
+@pytest.mark.parametrize("passes,times", [(2, 2), (3.0, 3)])
+def test_megabatch_passes_visit_each_training_node_p_times(parted, passes, times):
+    seen = np.concatenate([s.seeds for s in _steps(parted, "megabatch", passes=passes)])
+    counts = np.bincount(seen, minlength=parted.num_nodes)
+    assert (counts[parted.train_idx] == times).all() and counts.sum() == times * len(parted.train_idx)
+
+
+def test_megabatch_fractional_passes(parted):
+    steps = _steps(parted, "megabatch", passes=1.5)
+    counts = np.bincount(np.concatenate([s.seeds for s in steps]), minlength=parted.num_nodes)
+    assert set(np.unique(counts[parted.train_idx])) == {1, 2}
+    per_group = {}
+    for s in steps:
+        per_group.setdefault(s.group, []).append(s.seeds)
+    expected = sum(len(np.unique(np.concatenate(v))) + round(0.5 * len(np.unique(np.concatenate(v))))
+                   for v in per_group.values())
+    assert counts.sum() == expected
+
+
+@pytest.mark.parametrize("scope", ["adjacent", "all"])
+def test_megabatch_static_cache_and_visible(parted, scope):
+    sch = make_schedule("megabatch", parted, **{**PARAMS["megabatch"], "static_scope": scope})
+    deg = parted.degrees()
+    k = int(0.02 * parted.num_nodes)
+    static = sch.static_ids
+    assert len(static) == k and deg[static].min() >= np.sort(deg)[-k]
+    for epoch in (0, 1):
+        steps = list(sch.epoch(epoch))
+        entered = [s for s in steps if len(s.enter_ids)]
+        assert [s is steps[0] for s in entered] == ([True] if epoch == 0 else [])
+        if epoch == 0:
+            np.testing.assert_array_equal(entered[0].enter_ids, static)
+        assert all(len(s.leave_ids) == 0 for s in steps)
+        for s in steps:
+            if not s.enter_ranges:
+                continue
+            group = np.concatenate([np.arange(lo, hi) for lo, hi in s.enter_ranges])
+            nbrs = np.concatenate([parted.indices[parted.indptr[v]:parted.indptr[v + 1]] for v in group])
+            want = static if scope == "all" else np.intersect1d(static, nbrs)
+            np.testing.assert_array_equal(s.visible, np.union1d(group, want))
+
+
+def test_megabatch_sampling_never_leaves_visible(parted, graph):
+    edges = set(zip(np.repeat(np.arange(parted.num_nodes), parted.degrees()).tolist(),
+                    parted.indices.tolist()))
+    import dgl
+    for s in _steps(parted, "megabatch")[:12]:
+        inp, out, blocks = sample_blocks(graph, s.seeds, [5, 5], s.visible, seed=1)
+        np.testing.assert_array_equal(out.numpy(), s.seeds)
+        assert np.isin(inp.numpy(), s.visible).all()
+        for b in blocks:
+            src, dst = b.edges()
+            gs, gd = b.srcdata[dgl.NID][src].numpy(), b.dstdata[dgl.NID][dst].numpy()
+            assert np.isin(gs, s.visible).all() and np.isin(gd, s.visible).all()
+            assert all(e in edges for e in zip(gs.tolist(), gd.tolist())), "global ids map back to real edges"
+        assert torch.equal(blocks[0].srcdata[dgl.NID], inp)
+
+
+def test_sample_blocks_seeded_and_checks_visible(parted, graph):
+    seeds = parted.train_idx[:50]
+    a = sample_blocks(graph, seeds, [10, 10], seed=batch_seed(0, 0, 3))[0]
+    sample_blocks(graph, seeds, [10, 10], seed=batch_seed(0, 0, 4))   # consume the RNG in between
+    b = sample_blocks(graph, seeds, [10, 10], seed=batch_seed(0, 0, 3))[0]
+    assert torch.equal(a, b)
+    with pytest.raises(UserError):
+        sample_blocks(graph, seeds, [5], visible=np.arange(10, dtype=np.int64))
+
+
+@pytest.mark.parametrize("name,kw", [("nope", {}), ("random", {"batch_size": 0}),
+                                     ("partition", {"n_per_macro": 0}),
+                                     ("megabatch", {"passes": 0}), ("megabatch", {"static_scope": "x"}),
+                                     ("megabatch", {"static_ratio": 2})])
+def test_bad_parameters(parted, name, kw):
+    with pytest.raises(UserError):
+        make_schedule(name, parted, **kw)
