@@ -95,7 +95,7 @@ def importance(store, fanouts, schedule="random", epochs=1, seed=0, g=None, prog
     for epoch in range(epochs):
         steps = tqdm(schedule.epoch(epoch), desc="importance", disable=not progress, leave=False)
         for b, step in enumerate(steps):
-            _, _, blocks = sample_blocks(g, step.seeds, fanouts, step.visible, seed=batch_seed(seed, epoch, b))
+            blocks = sample_blocks(g, step.seeds, fanouts, step.visible, seed=batch_seed(seed, epoch, b))[2]
             c = np.ones(blocks[0].num_src_nodes())          # first-discoverer forest sizes
             t = np.ones(blocks[0].num_src_nodes())          # sampled sub-tree sizes
             for blk in blocks[:-1]:                         # hop L-1 (outermost) ... hop 1
@@ -112,7 +112,8 @@ def importance(store, fanouts, schedule="random", epochs=1, seed=0, g=None, prog
                          "saved_sample": sample.astype(np.int64)})
 
 
-def history_nodes(store, fraction, by="degree", fanouts=(10, 10), beta=0.0, profile=None, **profile_kw) -> np.ndarray:
+def history_nodes(store, fraction, by="degree", fanouts=(10, 10), beta=0.0, profile=None,
+                  **profile_kw) -> np.ndarray:
     """Sorted ids of the ⌊fraction·N⌋ history nodes, highest score first broken by smaller id.
 
     by="degree" (OUTRE Table 4's choice) or "importance": saved_gather + beta·saved_sample

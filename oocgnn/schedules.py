@@ -1,4 +1,4 @@
-"""Batch schedules (the policy layer's "what is resident, which batches") and the sampler both back ends share.
+"""Batch schedules (the policy layer: what is resident, which batches) and the sampler both back ends share.
 
 A schedule yields, per epoch, `Step`s: one mini-batch of seed nodes plus the residency change
 that happens *before* it. Three policies, one contract (`schedule.epoch(e)`, deterministic
@@ -17,7 +17,11 @@ Residency is two independent sets: store-id *ranges* (a part is `[off[k], off[k+
 sequential read of features.bin and of its CSR slice of indices.bin) and scattered *ids*
 (the static cache). Leaving a range never evicts an id. Apply `leave_*` before `enter_*`.
 Epochs are meant to run in order from 0: the static cache enters at epoch 0's first step,
-and an epoch's first step evicts the previous epoch's last group.
+and an epoch's first step evicts the previous epoch's last group. A group without training
+nodes yields no step and is not loaded. The static cache's neighbour lists are read once with
+its features (HierBatching re-reads a static copy's slices per mega-batch instead; with a
+symmetric CSR a group's own slice already holds every group–static edge, only the
+static–static edges must stay in RAM).
 """
 from __future__ import annotations
 
@@ -32,15 +36,19 @@ _EMPTY = np.empty(0, dtype=np.int64)
 
 @dataclass
 class Step:
-    """One mini-batch and the residency change that precedes it (store ids throughout)."""
-    seeds: np.ndarray                                 # int64 [B] the batch's training nodes
-    group: int = 0                                    # macro batch / mega-batch number in the epoch (random: 0)
-    enter_ranges: list = field(default_factory=list)  # [(lo, hi)] ranges loaded (one sequential read each)
-    enter_ids: np.ndarray = field(default_factory=lambda: _EMPTY)  # sorted scattered ids loaded (static cache)
-    leave_ranges: list = field(default_factory=list)  # [(lo, hi)] ranges dropped
+    """One mini-batch and the residency change that precedes it (store ids throughout).
+
+    Apply leave_ranges/leave_ids, then enter_ranges/enter_ids; `data` says what entering
+    ranges and ids bring into RAM ("features" rows, "adjacency" = their full neighbour lists).
+    """
+    seeds: np.ndarray                                   # int64 [B] the batch's training nodes
+    group: int = 0                                      # macro / mega-batch number in the epoch (random: 0)
+    enter_ranges: list = field(default_factory=list)    # [(lo, hi)] loaded, one sequential read each
+    enter_ids: np.ndarray = field(default_factory=lambda: _EMPTY)  # sorted scattered ids loaded
+    leave_ranges: list = field(default_factory=list)    # [(lo, hi)] dropped
     leave_ids: np.ndarray = field(default_factory=lambda: _EMPTY)  # sorted scattered ids dropped
-    data: tuple = ()                                  # what the entering data holds: "features", "adjacency"
-    visible: np.ndarray | None = None                 # sorted ids sampling is restricted to; None = full graph
+    data: tuple = ()                                    # ("features", "adjacency") or a subset
+    visible: np.ndarray | None = None                   # sorted ids sampling is restricted to; None = all
 
 
 def _merge(ranges):
@@ -169,8 +177,8 @@ class MegabatchSchedule(_GroupSchedule):
             raise UserError(f"parts_per_megabatch must be >= 1, got {parts_per_megabatch}")
         if not 0 <= static_ratio <= 1:
             raise UserError(f"static_ratio must be in [0, 1], got {static_ratio}")
-        if not passes > 0:
-            raise UserError(f"passes must be > 0, got {passes}")
+        if not passes >= 1:
+            raise UserError(f"passes must be >= 1 (every training node at least once), got {passes}")
         if static_scope not in ("adjacent", "all"):
             raise UserError(f"static_scope must be 'adjacent' or 'all', got {static_scope!r}")
         self.group_size = self.parts_per_megabatch = int(parts_per_megabatch)
@@ -216,7 +224,9 @@ SCHEDULES = {"random": RandomSchedule, "partition": PartitionSchedule, "megabatc
 
 
 def make_schedule(name, store, **params) -> Schedule:
-    """A schedule by name (see SCHEDULES) with its parameters, e.g. make_schedule("partition", s, n_per_macro=20)."""
+    """A schedule by name (see SCHEDULES) and its parameters: make_schedule("partition", s, n_per_macro=20).
+
+    A Schedule instance is returned as is."""
     if isinstance(name, Schedule):
         return name
     if name not in SCHEDULES:
@@ -233,7 +243,8 @@ _SUBGRAPH: list = [None, None, None]        # (g, visible, induced subgraph): on
 
 def batch_seed(seed, epoch, batch) -> int:
     """DGL seed of one batch: sampling is reproducible per batch, whatever ran in between."""
-    return int(np.random.SeedSequence([int(seed), int(epoch), int(batch)]).generate_state(1)[0] >> 1)  # DGL takes an int32
+    state = np.random.SeedSequence([int(seed), int(epoch), int(batch)]).generate_state(1)[0]
+    return int(state >> 1)                       # dgl.seed takes a non-negative int32
 
 
 def sample_blocks(g, seeds, fanouts, visible=None, seed=None):

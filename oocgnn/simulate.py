@@ -62,7 +62,7 @@ class Layout:
         return page_union(pos // PAGE, (pos + self.row_bytes - 1) // PAGE)
 
     def adjacency_pages(self, nodes):
-        """(pages, runs) of reading the neighbour lists of sorted unique `nodes` (empty lists read nothing)."""
+        """(pages, runs) of reading the neighbour lists of sorted unique `nodes` (empty ones read nothing)."""
         start, end = self.indptr[nodes] * self.isz, self.indptr[nodes + 1] * self.isz
         keep = end > start
         return page_union(start[keep] // PAGE, (end[keep] - 1) // PAGE)
@@ -145,14 +145,37 @@ def history_prune(blocks, history_mask):
     return need, expanded, skipped
 
 
-def _reads(lay, res, ids, adjacency=False):
-    """(count, pages) of the ids not resident: feature rows, or neighbour lists when adjacency."""
+def _reads(lay, resident, ids, data):
+    """(count, pages, runs) read from disk for the ids not resident: feature rows or neighbour lists."""
     ids = np.sort(ids)
-    if adjacency:
-        miss = ids[~res["adjacency"][ids] & (lay.indptr[ids + 1] > lay.indptr[ids])]
-        return len(miss), lay.adjacency_pages(miss)[0]
-    miss = ids[~res["features"][ids]]
-    return len(miss), *lay.feature_pages(miss)
+    miss = ids[~resident[data][ids]]
+    if data == "features":
+        return len(miss), *lay.feature_pages(miss)
+    miss = miss[lay.indptr[miss + 1] > lay.indptr[miss]]     # an empty list costs no read
+    return len(miss), *lay.adjacency_pages(miss)
+
+
+def count_batch(lay, resident, blocks, history=None) -> dict:
+    """Per-batch demand and disk reads of one sampled batch, given what is resident."""
+    import dgl
+    row = {"unique_l0": blocks[-1].num_dst_nodes()}
+    for h, blk in enumerate(reversed(blocks), 1):
+        row[f"unique_l{h}"] = blk.num_src_nodes()
+    inp, exp = blocks[0].srcdata[dgl.NID].numpy(), blocks[0].dstdata[dgl.NID].numpy()
+    row["input_nodes"] = row["feature_rows_needed"] = len(inp)
+    row["feature_rows_read"], row["feature_pages_read"], row["feature_runs"] = \
+        _reads(lay, resident, inp, "features")
+    row["neighbour_lists_needed"] = len(exp)
+    row["neighbour_lists_read"], row["neighbour_pages_read"], _ = _reads(lay, resident, exp, "adjacency")
+    if history is not None:
+        need, expanded, skipped = history_prune(blocks, history)
+        row["history_hits"] = int(np.count_nonzero(skipped))
+        row["input_nodes_hist"] = int(np.count_nonzero(need))
+        row["feature_rows_read_hist"], row["feature_pages_read_hist"], _ = \
+            _reads(lay, resident, inp[need], "features")
+        row["neighbour_lists_read_hist"], row["neighbour_pages_read_hist"], _ = \
+            _reads(lay, resident, exp[expanded], "adjacency")
+    return row
 
 
 def simulate(store, schedule, fanouts, epochs=1, seed=0, feature_cache=None, neighbour_cache=None,
@@ -164,13 +187,12 @@ def simulate(store, schedule, fanouts, epochs=1, seed=0, feature_cache=None, nei
     history: ids (or a mask) reusing h^(L−1), adding the `*_hist` columns. `g`: the store's
     DGL graph, if already built. `df.attrs` holds the schedule, fanouts and wall seconds.
     """
-    import dgl
     fanouts = [int(f) for f in fanouts]
-    schedule = make_schedule(schedule, store, **({"seed": seed} | schedule_params)) \
-        if isinstance(schedule, str) else schedule
+    if isinstance(schedule, str):
+        schedule = make_schedule(schedule, store, **({"seed": seed} | schedule_params))
     g = store.graph() if g is None else g
     res = Residency(store, feature_cache, neighbour_cache)
-    lay, hist = res.layout, (None if history is None else _as_mask(history, store.num_nodes))
+    hist = None if history is None else _as_mask(history, store.num_nodes)
     rows, t0 = [], time.perf_counter()
     bar = tqdm(desc=f"simulate {schedule.name}", unit="batch", disable=not progress, leave=False)
     for epoch in range(epochs):
@@ -178,26 +200,11 @@ def simulate(store, schedule, fanouts, epochs=1, seed=0, feature_cache=None, nei
             row = {"epoch": epoch, "batch": b, "group": step.group, "seeds": len(step.seeds),
                    "visible_nodes": store.num_nodes if step.visible is None else len(step.visible)}
             load = res.apply(step)
-            _, _, blocks = sample_blocks(g, step.seeds, fanouts, step.visible, seed=batch_seed(seed, epoch, b))
-            row["unique_l0"] = blocks[-1].num_dst_nodes()
-            for h, blk in enumerate(reversed(blocks), 1):
-                row[f"unique_l{h}"] = blk.num_src_nodes()
-            inp, exp = blocks[0].srcdata[dgl.NID].numpy(), blocks[0].dstdata[dgl.NID].numpy()
-            row["input_nodes"] = row["feature_rows_needed"] = len(inp)
-            row["feature_rows_read"], row["feature_pages_read"], row["feature_runs"] = _reads(lay, res.resident, inp)
-            row["neighbour_lists_needed"] = len(exp)
-            row["neighbour_lists_read"], row["neighbour_pages_read"] = _reads(lay, res.resident, exp, True)
-            row.update(load)
-            row["load_pages"] = load["load_feature_pages"] + load["load_adjacency_pages"]
+            blocks = sample_blocks(g, step.seeds, fanouts, step.visible, seed=batch_seed(seed, epoch, b))[2]
+            row.update(count_batch(res.layout, res.resident, blocks, hist))
+            row.update(load, load_pages=load["load_feature_pages"] + load["load_adjacency_pages"])
             row["load_bytes"] = row["load_pages"] * PAGE
             row["resident_feature_rows"], row["resident_adjacency_nodes"] = (res.counts[d] for d in DATA)
-            if hist is not None:
-                need, expd, skipped = history_prune(blocks, hist)
-                row["history_hits"] = int(np.count_nonzero(skipped))
-                row["input_nodes_hist"] = int(np.count_nonzero(need))
-                row["feature_rows_read_hist"], row["feature_pages_read_hist"], _ = _reads(lay, res.resident, inp[need])
-                row["neighbour_lists_read_hist"], row["neighbour_pages_read_hist"] = \
-                    _reads(lay, res.resident, exp[expd], True)
             rows.append(row)
             bar.update()
     bar.close()
@@ -213,10 +220,10 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
     """Per-epoch totals of a `simulate` frame, plus RR (OUTRE Eq. 2) and disk bytes."""
     skip = {"epoch", "batch", "group", *_LEVELS}
     sums = df.groupby("epoch")[[c for c in df.columns if c not in skip]].sum()
-    out = pd.DataFrame({"batches": df.groupby("epoch").size(), "groups": df.groupby("epoch")["group"].nunique()})
-    out = out.join(sums)
+    by = df.groupby("epoch")
+    out = pd.DataFrame({"batches": by.size(), "groups": by["group"].nunique()}).join(sums)
     for c in _LEVELS:
-        out[f"max_{c}"] = df.groupby("epoch")[c].max()
+        out[f"max_{c}"] = by[c].max()
     out["rr"] = out["input_nodes"] / out["seeds"]
     out["disk_pages"] = out["feature_pages_read"] + out["neighbour_pages_read"] + out["load_pages"]
     if "input_nodes_hist" in out:

@@ -15,7 +15,8 @@ N, TRAIN = 15, [0, 2, 4, 6, 8, 10, 12, 14]
 CASES = [("random", {"batch_size": 3}),
          ("partition", {"batch_size": 2, "n_per_macro": 1}),
          ("megabatch", {"batch_size": 2, "parts_per_megabatch": 1, "static_ratio": 0.2}),
-         ("megabatch", {"batch_size": 3, "parts_per_megabatch": 2, "static_ratio": 0.2, "static_scope": "all"})]
+         ("megabatch", {"batch_size": 3, "parts_per_megabatch": 2, "static_ratio": 0.2,
+                        "static_scope": "all"})]
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ FAN = [4, 3]
 
 
 def _store(path, n=600, d=20, parts=9, seed=0):
-    """A random graph in a random store order with `parts` uneven parts; d=20 floats -> 80 B rows, stride 128."""
+    """A random graph in a random store order, `parts` uneven parts; d=20 -> 80 B rows at stride 128."""
     rng = np.random.default_rng(seed)
     indptr, indices = csr_from_edges(rng.integers(0, n, 3 * n), rng.integers(0, n, 3 * n), n)
     ids = rng.permutation(n)
@@ -110,7 +110,7 @@ def test_megabatch_reads_each_part_once_per_epoch(store):
         for s, row in zip(sch.epoch(epoch), e.itertuples()):
             for lo, hi in s.enter_ranges:
                 loaded[lo:hi] += 1
-                pages += ((hi - 1) * store.row_stride + store.row_bytes - 1) // PAGE - lo * store.row_stride // PAGE + 1
+                pages += _pages_brute(store, range(lo, hi))
                 a, b = store.indptr[lo] * isz, store.indptr[hi] * isz
                 adj_pages += (b - 1) // PAGE - a // PAGE + 1 if b > a else 0
             if s.enter_ranges:
@@ -153,5 +153,6 @@ def test_summarize(store):
         row = s[s.epoch == epoch].iloc[0]
         assert row.seeds == len(store.train_idx) == e.seeds.sum()
         assert row.rr == pytest.approx(e.input_nodes.sum() / e.seeds.sum())
-        assert row.disk_pages == e.feature_pages_read.sum() + e.neighbour_pages_read.sum() + e.load_pages.sum()
+        assert row.disk_pages == (e.feature_pages_read.sum() + e.neighbour_pages_read.sum()
+                                  + e.load_pages.sum())
         assert row.groups == e.group.nunique()
