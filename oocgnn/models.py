@@ -3,6 +3,9 @@
 Every model takes `(blocks, x)` where `x` holds the input rows of `blocks[0]` and returns
 logits for the destination nodes of `blocks[-1]` (the seeds). DGL puts a block's
 destination nodes first among its sources, which is what `h[:block.num_dst_nodes()]` uses.
+
+`forward` is a loop over `layer(i, block, h)`, so an executor can stop before the last layer,
+replace some of its input rows (OUTRE's historical embeddings of layer L−1) and finish.
 """
 from __future__ import annotations
 
@@ -23,13 +26,14 @@ class SAGE(nn.Module):
         self.layers = nn.ModuleList(dglnn.SAGEConv(a, b, "mean") for a, b in zip(dims, dims[1:]))
         self.dropout = nn.Dropout(dropout)
 
+    def layer(self, i, block, h):
+        h = self.layers[i](block, (h, h[:block.num_dst_nodes()]))
+        return self.dropout(F.relu(h)) if i < len(self.layers) - 1 else h
+
     def forward(self, blocks, x):
-        h = x
-        for i, (layer, block) in enumerate(zip(self.layers, blocks)):
-            h = layer(block, (h, h[:block.num_dst_nodes()]))
-            if i < len(self.layers) - 1:
-                h = self.dropout(F.relu(h))
-        return h
+        for i, block in enumerate(blocks):
+            x = self.layer(i, block, x)
+        return x
 
 
 class GAT(nn.Module):
@@ -46,14 +50,14 @@ class GAT(nn.Module):
             d = (hidden // heads) * heads
         self.dropout = nn.Dropout(dropout)
 
+    def layer(self, i, block, h):
+        h = self.layers[i](block, (h, h[:block.num_dst_nodes()]))
+        return self.dropout(F.elu(h.flatten(1))) if i < len(self.layers) - 1 else h.mean(1)
+
     def forward(self, blocks, x):
-        h = x
-        for i, (layer, block) in enumerate(zip(self.layers, blocks)):
-            h = layer(block, (h, h[:block.num_dst_nodes()]))
-            h = h.flatten(1) if i < len(self.layers) - 1 else h.mean(1)
-            if i < len(self.layers) - 1:
-                h = self.dropout(F.elu(h))
-        return h
+        for i, block in enumerate(blocks):
+            x = self.layer(i, block, x)
+        return x
 
 
 class GIN(nn.Module):
@@ -70,11 +74,14 @@ class GIN(nn.Module):
         self.head = nn.Linear(hidden, out_dim)
         self.dropout = nn.Dropout(dropout)
 
+    def layer(self, i, block, h):
+        h = self.dropout(F.relu(self.norms[i](self.layers[i](block, (h, h[:block.num_dst_nodes()])))))
+        return self.head(h) if i == len(self.layers) - 1 else h
+
     def forward(self, blocks, x):
-        h = x
-        for layer, norm, block in zip(self.layers, self.norms, blocks):
-            h = self.dropout(F.relu(norm(layer(block, (h, h[:block.num_dst_nodes()])))))
-        return self.head(h)
+        for i, block in enumerate(blocks):
+            x = self.layer(i, block, x)
+        return x
 
 
 class MLP(nn.Module):
