@@ -26,6 +26,8 @@ except ImportError:  # pragma: no cover - depends on the environment
     _L = None
 
 PAGE = 4096
+MAX_REQUEST = 128 * 1024     # DirectReader: bytes per coalesced row request
+RANGE_REQUEST = 1 << 20      # DirectReader: bytes per sequential range request
 
 
 def feature_row_stride(row_bytes: int) -> int:
@@ -189,8 +191,8 @@ class DirectReader(FeatureReader):
     kind = "direct"
 
     def __init__(self, path, num_rows, dim, row_stride=None, dtype=np.float32, offset=0, *,
-                 threads=16, backend="auto", max_request=128 * 1024, queue_depth=64,
-                 range_request=1 << 20, range_depth=2, buffer_bytes=64 << 20):
+                 threads=16, backend="auto", max_request=MAX_REQUEST, queue_depth=64,
+                 range_request=RANGE_REQUEST, range_depth=2, buffer_bytes=64 << 20):
         super().__init__(path, num_rows, dim, row_stride, dtype, offset)
         if backend not in ("auto", "threads", "uring"):
             raise UserError(f"unknown backend {backend!r}: use auto, threads or uring")
@@ -367,14 +369,7 @@ class DirectReader(FeatureReader):
         uid = np.cumsum(newu) - 1              # distinct-row index of each sorted position
         nu = len(ustart)
         pos, first, last = self._page_spans(s[ustart])
-        # a request ends at a gap between page spans or where it would exceed the cap
-        brk = np.empty(nu, bool)
-        brk[0] = True
-        np.greater(first[1:], last[:-1] + 1, out=brk[1:])
-        run_first = first[brk][np.cumsum(brk) - 1]
-        cap = max(self._row_pages, self.max_request // PAGE // self._row_pages * self._row_pages)
-        blk = (first - run_first) // cap
-        brk[1:] |= blk[1:] != blk[:-1]
+        brk = request_breaks(first, last, self._row_pages, self.max_request)
         rstart = np.flatnonzero(brk)           # first distinct row of each request
         rfirst = first[rstart]
         rpages = last[np.append(rstart[1:], nu) - 1] - rfirst + 1
@@ -415,7 +410,7 @@ class DirectReader(FeatureReader):
         start = self.offset + lo * self.row_stride
         p0, p1 = start // PAGE, (self.offset + (hi - 1) * self.row_stride + self.row_bytes - 1) // PAGE + 1
         offs = list(range(p0 * PAGE, p1 * PAGE, self.range_request))
-        self._count(n, n, len(offs), p1 - p0)
+        self._count(n, n, len(offs), p1 - p0)      # len(offs) == range_requests(p1 - p0)
         buf = _anon((p1 - p0) * PAGE)  # fresh: for unpadded rows it IS the result (no copy)
         self._issue(offs, [min(self.range_request, p1 * PAGE - o) for o in offs],
                     [o - p0 * PAGE for o in offs], memoryview(buf), self.range_depth)
@@ -439,6 +434,29 @@ class DirectReader(FeatureReader):
             self.close()
         except Exception:
             pass
+
+
+def request_breaks(first, last, row_pages=1, max_request=MAX_REQUEST) -> np.ndarray:
+    """Where DirectReader starts a new request, for rows with page spans [first, last] (sorted).
+
+    A request ends at a gap between spans, or where it would exceed `max_request` bytes
+    (at least one row). The simulator counts requests with the same rule, so simulated and
+    executed request counts agree.
+    """
+    n = len(first)
+    brk = np.ones(n, bool)
+    if n:
+        np.greater(first[1:], last[:-1] + 1, out=brk[1:])
+        run_first = first[brk][np.cumsum(brk) - 1]
+        cap = max(row_pages, max_request // PAGE // row_pages * row_pages)
+        blk = (first - run_first) // cap
+        brk[1:] |= blk[1:] != blk[:-1]
+    return brk
+
+
+def range_requests(pages: int, range_request=RANGE_REQUEST) -> int:
+    """Requests DirectReader.read_range issues for a span of `pages` pages."""
+    return -(-pages * PAGE // range_request)
 
 
 def drop_file_cache(path) -> None:

@@ -20,7 +20,7 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from .errors import UserError
-from .io import PAGE
+from .io import PAGE, range_requests, request_breaks
 from .schedules import batch_seed, make_schedule, sample_blocks
 
 DATA = ("features", "adjacency")
@@ -61,6 +61,12 @@ class Layout:
         pos = rows * self.stride
         return page_union(pos // PAGE, (pos + self.row_bytes - 1) // PAGE)
 
+    def feature_requests(self, rows) -> int:
+        """Requests DirectReader.read_rows issues for sorted unique `rows` (same coalescing rule)."""
+        pos = rows * self.stride
+        row_pages = self.stride // PAGE if self.stride % PAGE == 0 else 1
+        return int(request_breaks(pos // PAGE, (pos + self.row_bytes - 1) // PAGE, row_pages).sum())
+
     def adjacency_pages(self, nodes):
         """(pages, runs) of reading the neighbour lists of sorted unique `nodes` (empty ones read nothing)."""
         start, end = self.indptr[nodes] * self.isz, self.indptr[nodes + 1] * self.isz
@@ -92,8 +98,8 @@ class Residency:
 
     def apply(self, step) -> dict:
         """Apply the step's residency change (leave, then enter) and return its load counts."""
-        load = dict.fromkeys(("load_feature_rows", "load_feature_pages", "load_edges",
-                              "load_adjacency_pages"), 0)
+        load = dict.fromkeys(("load_feature_rows", "load_feature_pages", "load_feature_requests",
+                              "load_edges", "load_adjacency_pages"), 0)
         if not (step.leave_ranges or step.enter_ranges or len(step.leave_ids) or len(step.enter_ids)):
             return load
         for d in DATA:
@@ -110,8 +116,10 @@ class Residency:
             self.masks[d, "ids"][ids] = True
         if "features" in step.data:
             load["load_feature_rows"] = sum(hi - lo for lo, hi in step.enter_ranges) + len(ids)
-            load["load_feature_pages"] = (sum(lay.range_pages(lo, hi)[0] for lo, hi in step.enter_ranges)
-                                          + lay.feature_pages(ids)[0])
+            range_pages = [lay.range_pages(lo, hi)[0] for lo, hi in step.enter_ranges]
+            load["load_feature_pages"] = sum(range_pages) + lay.feature_pages(ids)[0]
+            load["load_feature_requests"] = (sum(range_requests(p) for p in range_pages)
+                                             + lay.feature_requests(ids))
         if "adjacency" in step.data:
             load["load_edges"] = (sum(int(lay.indptr[hi] - lay.indptr[lo]) for lo, hi in step.enter_ranges)
                                   + int(self.deg[ids].sum()))
@@ -165,6 +173,8 @@ def count_batch(lay, resident, blocks, history=None) -> dict:
     row["input_nodes"] = row["feature_rows_needed"] = len(inp)
     row["feature_rows_read"], row["feature_pages_read"], row["feature_runs"] = \
         _reads(lay, resident, inp, "features")
+    miss = np.sort(inp)
+    row["feature_requests"] = lay.feature_requests(miss[~resident["features"][miss]])
     row["neighbour_lists_needed"] = len(exp)
     row["neighbour_lists_read"], row["neighbour_pages_read"], _ = _reads(lay, resident, exp, "adjacency")
     if history is not None:
