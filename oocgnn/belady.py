@@ -14,6 +14,11 @@ row is in memory during its iteration, so admitting it costs no I/O; bypass is a
   The marker-bit fix: next-use values are read with the MSB masked (a cached node not yet
   accessed still points at its marked first entry).
 `belady_naive` is the O(S²) reference that rescans the future at every step.
+
+`BeladyReplay` (the `belady` cache policy) counts the same hits faster: a reverse scan gives
+each access the position of the next access of its id, a cached row is the bit of its next
+access position in a two-level bitmap (a hit tests the bit of the current position, eviction
+takes the highest set bit), so a replay touches no per-node array.
 """
 from __future__ import annotations
 
@@ -27,14 +32,15 @@ INF = 0x7FFFFFFF                      # DUMMY with its MSB masked: "not accessed
 
 
 @numba.njit(cache=True)
-def _index(offsets, ids, s, e, stamp, sb, count, ptr):
-    """Passes 1–2 over iterations [s, e): (iters, nodes in first-access order); ptr[v] = v's start."""
-    first = np.empty(min(len(stamp), offsets[e] - offsets[s]), np.int64)
+def _index(offsets, ids, s, e, count, ptr):
+    """Passes 1–2 over iterations [s, e): (iters, nodes in first-access order); ptr[v] = v's start.
+    `count` must be zero on entry."""
+    first = np.empty(min(len(count), offsets[e] - offsets[s]), np.int64)
     n = 0
     for p in range(offsets[s], offsets[e]):          # pass 1: count appearances
         v = ids[p]
-        if stamp[v] != sb:
-            stamp[v], count[v], first[n] = sb, 0, v
+        if count[v] == 0:
+            first[n] = v
             n += 1
         count[v] += 1
     total = 0
@@ -87,35 +93,27 @@ def _sift_down(hk, hn, pos, j, size):
 
 
 @numba.njit(cache=True)
-def _start(iters, first, stamp, sb, ptr, hk, hn, pos, st, cap, prefetch):
-    """Cache at a superbatch start: Ginex's init (prefetch) or the carried-over cache re-keyed."""
-    size = st[0]
-    if prefetch:
-        for j in range(size):
-            pos[hn[j]] = -1
-        size = min(cap, len(first))
-        for j in range(size):
-            hn[j] = first[j]
-    for j in range(size):                             # marker-bit fix: mask the MSB
-        v = hn[j]
-        hk[j] = np.int64(iters[ptr[v]] & LOW) if stamp[v] == sb else INF
-        pos[v] = j
+def _init_heap(iters, first, ptr, hk, hn, pos, size):
+    """Ginex's init, the first `size` distinct nodes, keyed by their first access. The marker-bit
+    fix: that entry is a segment start, so its MSB is masked."""
+    for j in range(size):
+        v = first[j]
+        hk[j], hn[j], pos[v] = np.int64(iters[ptr[v]] & LOW), v, j
     for j in range(size // 2 - 1, -1, -1):
         _sift_down(hk, hn, pos, j, size)
-    st[0] = size
 
 
 @numba.njit(cache=True)
-def _pass3(offsets, ids, lo, hi, iters, ptr, hk, hn, pos, st, cap, stride, rbytes, hits, pages,
-           record, ins, rin, rpos, rout, oin, oout):
-    """Iterations [lo, hi) of a superbatch: hits and missed pages; with `record`, the changesets."""
+def _pass3(offsets, ids, lo, hi, iters, ptr, hk, hn, pos, st, cap, hits, rin, rpos, rout, oin, oout):
+    """Pass 3 over iterations [lo, hi): hits and the changesets (in, positions, out) as CSR."""
     dummy, size, ni, no = len(iters) - 1, st[0], 0, 0
+    ins = np.full(len(pos), -1, np.int64)            # iteration that admitted a node
     width = 0
     for i in range(lo, hi):
         width = max(width, offsets[i + 1] - offsets[i])
     mv, mk, mp = np.empty(width, np.int64), np.empty(width, np.int64), np.empty(width, np.int64)
     for i in range(lo, hi):
-        a, nm, h, pg, last = offsets[i], 0, 0, 0, -1
+        a, nm, h = offsets[i], 0, 0
         for p in range(a, offsets[i + 1]):
             v = ids[p]
             q = ptr[v] + 1
@@ -129,11 +127,9 @@ def _pass3(offsets, ids, lo, hi, iters, ptr, hk, hn, pos, st, cap, stride, rbyte
                 hk[j] = nk
                 _sift_up(hk, hn, pos, j)
             else:
-                n, last = new_pages(np.int64(v), last, stride, rbytes)
-                pg += n
                 mv[nm], mk[nm], mp[nm] = v, nk, p - a
                 nm += 1
-        hits[i - lo], pages[i - lo] = h, pg
+        hits[i - lo] = h
         for m in range(nm):                           # admit misses used before the farthest cached
             nk, v = mk[m], mv[m]
             if nk == INF:
@@ -145,66 +141,20 @@ def _pass3(offsets, ids, lo, hi, iters, ptr, hk, hn, pos, st, cap, stride, rbyte
             elif size > 0 and nk < hk[0]:
                 old = hn[0]
                 pos[old] = -1
-                if record and ins[old] != i + 1:      # evicted from C_i (not admitted just now)
+                if ins[old] != i:                     # evicted from C_i (not admitted just now)
                     rout[no] = old
                     no += 1
                 hk[0], hn[0] = nk, v
                 _sift_down(hk, hn, pos, 0, size)
             else:
                 continue
-            if record:
-                ins[v] = i + 1
-        if record:
-            for m in range(nm):
-                if pos[mv[m]] >= 0:
-                    rin[ni], rpos[ni] = mv[m], mp[m]
-                    ni += 1
-            oin[i - lo + 1], oout[i - lo + 1] = ni, no
+            ins[v] = i
+        for m in range(nm):
+            if pos[mv[m]] >= 0:
+                rin[ni], rpos[ni] = mv[m], mp[m]
+                ni += 1
+        oin[i - lo + 1], oout[i - lo + 1] = ni, no
     st[0] = size
-
-
-class BeladySim:
-    """Belady state over one trace: `start(s, e)` opens a superbatch, `run(lo, hi)` replays part of it."""
-
-    def __init__(self, trace: Trace, capacity: int, prefetch=True):
-        n = trace.num_nodes
-        self.trace, self.cap, self.prefetch = trace, int(capacity), bool(prefetch)
-        self.offsets = np.ascontiguousarray(trace.offsets, dtype=np.int64)
-        self.ids = np.ascontiguousarray(trace.ids)
-        self.stamp, self.count = np.full(n, -1, np.int64), np.zeros(n, np.int32)
-        self.ptr, self.pos = np.zeros(n, np.int64), np.full(n, -1, np.int32)
-        self.hk, self.hn = np.zeros(self.cap, np.int64), np.zeros(self.cap, np.int64)
-        self.st, self.sb, self.iters, self.ins = np.zeros(1, np.int64), -1, None, None
-
-    def start(self, s: int, e: int) -> np.ndarray:
-        """Index iterations [s, e); returns the (sorted) initial cache to prefetch, empty if cold."""
-        self.sb += 1
-        self.iters, first = _index(self.offsets, self.ids, s, e, self.stamp, self.sb, self.count, self.ptr)
-        _start(self.iters, first, self.stamp, self.sb, self.ptr, self.hk, self.hn, self.pos, self.st,
-               self.cap, self.prefetch)
-        return np.sort(first[:self.st[0]]) if self.prefetch else np.empty(0, np.int64)
-
-    def run(self, lo: int, hi: int, record=False):
-        """(hits, pages) of iterations [lo, hi), plus the changesets when `record`."""
-        k, acc = hi - lo, int(self.offsets[hi] - self.offsets[lo])
-        hits, pages = np.zeros(k, np.int64), np.zeros(k, np.int64)
-        if record and self.ins is None:
-            self.ins = np.zeros(len(self.pos), np.int64)
-        z = np.zeros(0, np.int64)
-        rin, rpos, rout = (np.empty(acc, np.int64), np.empty(acc, np.int64),
-                           np.empty(acc + self.cap, np.int64)) if record else (z, z, z)
-        oin, oout = (np.zeros(k + 1, np.int64), np.zeros(k + 1, np.int64)) if record else (z, z)
-        _pass3(self.offsets, self.ids, lo, hi, self.iters, self.ptr, self.hk, self.hn, self.pos, self.st,
-               self.cap, self.trace.row_stride, self.trace.row_bytes, hits, pages, record,
-               self.ins if record else z, rin, rpos, rout, oin, oout)
-        if not record:
-            return hits, pages
-        sets = [(rin[oin[j]:oin[j + 1]], np.sort(rout[oout[j]:oout[j + 1]]), rpos[oin[j]:oin[j + 1]])
-                for j in range(k)]
-        return hits, pages, sets
-
-    def contents(self) -> np.ndarray:
-        return np.sort(self.hn[:self.st[0]])
 
 
 def belady_changesets(trace: Trace, capacity: int, start=0, stop=None, prefetch=True):
@@ -215,10 +165,195 @@ def belady_changesets(trace: Trace, capacity: int, start=0, stop=None, prefetch=
     ids: the executor maps them to its own batch order). |in| != |out| while the cache is not
     full (Ginex's update assumes a full cache; use a free-slot list). `prefetch=False`: cold start.
     """
-    stop = len(trace) if stop is None else stop
-    sim = BeladySim(trace, capacity, prefetch)
-    init = sim.start(start, stop)
-    return init, sim.run(start, stop, record=True)[2]
+    stop, n, cap = len(trace) if stop is None else stop, trace.num_nodes, int(capacity)
+    offsets, ids = np.ascontiguousarray(trace.offsets, np.int64), np.ascontiguousarray(trace.ids)
+    ptr, pos = np.empty(n, np.int64), np.full(n, -1, np.int64)      # ptr: set for every id seen
+    hk, hn = np.zeros(cap, np.int64), np.zeros(cap, np.int64)         # max-heap on next use
+    iters, first = _index(offsets, ids, start, stop, np.zeros(n, np.int64), ptr)
+    st = np.array([min(cap, len(first)) if prefetch else 0])
+    _init_heap(iters, first, ptr, hk, hn, pos, st[0])
+    k, acc = stop - start, int(offsets[stop] - offsets[start])
+    rin, rpos, rout = np.empty(acc, np.int64), np.empty(acc, np.int64), np.empty(acc + cap, np.int64)
+    oin, oout, hits = np.zeros(k + 1, np.int64), np.zeros(k + 1, np.int64), np.zeros(k, np.int64)
+    _pass3(offsets, ids, start, stop, iters, ptr, hk, hn, pos, st, cap, hits, rin, rpos, rout, oin, oout)
+    init = np.sort(first[:cap]) if prefetch else np.empty(0, np.int64)
+    return init, [(rin[oin[j]:oin[j + 1]], np.sort(rout[oout[j]:oout[j + 1]]), rpos[oin[j]:oin[j + 1]])
+                  for j in range(k)]
+
+
+# ---- fast replay: next-access positions + a two-level bitmap --------------------------------
+@numba.njit(cache=True)
+def _next_positions(ids, base, end, last):
+    """nxt[p - base]: position (from base) of the next access of ids[p] before `end`, else INF.
+    last[v] (absolute positions) ends as v's first position if v occurs in [base, end)."""
+    nxt = np.empty(end - base, np.int32)
+    for p in range(end - 1, base - 1, -1):
+        v = ids[p]
+        nxt[p - base] = last[v] - base if last[v] > p else INF
+        last[v] = p
+    return nxt
+
+
+@numba.njit(cache=True, inline="always")
+def _bit(x):
+    return np.uint64(1) << np.uint64(x & 63)
+
+
+@numba.njit(cache=True, inline="always")
+def _bset(words, summ, x):
+    words[x >> 6] |= _bit(x)
+    summ[x >> 12] |= _bit(x >> 6)
+
+
+@numba.njit(cache=True, inline="always")
+def _bclear(words, summ, x):
+    words[x >> 6] &= ~_bit(x)
+    if words[x >> 6] == 0:
+        summ[x >> 12] &= ~_bit(x >> 6)
+
+
+@numba.njit(cache=True, inline="always")
+def _msb(x):
+    r = 0
+    for s in (32, 16, 8, 4, 2, 1):
+        if x >> np.uint64(s):
+            x >>= np.uint64(s)
+            r += s
+    return r
+
+
+@numba.njit(cache=True)
+def _bmax(words, summ, m):
+    """Highest set bit <= m (one exists)."""
+    w = m >> 6
+    x = words[w] & ((np.uint64(2) << np.uint64(m & 63)) - np.uint64(1))
+    if x:
+        return (w << 6) + _msb(x)
+    sw = w >> 6
+    y = summ[sw] & (_bit(w) - np.uint64(1))
+    while not y:
+        sw -= 1
+        y = summ[sw]
+    w = (sw << 6) + _msb(y)
+    return (w << 6) + _msb(words[w])
+
+
+@numba.njit(cache=True)
+def _fast_start(ids, base, end, last, words, summ, st, infs, cap, prefetch):
+    """Ginex's init (first `cap` distinct ids) or the carried-over rows keyed by first access."""
+    nb, ninf, top = 0, st[1], -1
+    if prefetch:
+        ninf = 0
+        init = np.empty(min(cap, end - base), np.int64)
+        for p in range(base, end):
+            if nb == cap:
+                break
+            if last[ids[p]] == p:
+                _bset(words, summ, p - base)
+                init[nb], top = ids[p], p - base
+                nb += 1
+        st[0], st[1], st[2] = nb, 0, top
+        return init[:nb]
+    k = 0
+    for j in range(ninf):
+        v = infs[j]
+        if last[v] >= base:
+            _bset(words, summ, last[v] - base)
+            top = max(top, last[v] - base)
+            nb += 1
+        else:
+            infs[k] = v
+            k += 1
+    st[0], st[1], st[2] = nb, k, top
+    return infs[:0]
+
+
+@numba.njit(cache=True)
+def _fast_run(offsets, ids, base, lo, hi, nxt, words, summ, st, infs, cap, stride, rbytes, hits, pages):
+    """Iterations [lo, hi): hits first (keys move to the next access), then admit the misses."""
+    nb, ninf, top = st[0], st[1], st[2]
+    width = 0
+    for i in range(lo, hi):
+        width = max(width, offsets[i + 1] - offsets[i])
+    miss = np.empty(width, np.int64)
+    for i in range(lo, hi):
+        h, pg, last, nm = 0, 0, -1, 0
+        for p in range(offsets[i], offsets[i + 1]):
+            r = p - base
+            if words[r >> 6] & _bit(r):
+                h += 1
+                _bclear(words, summ, r)
+                n = nxt[r]
+                if n != INF:
+                    _bset(words, summ, n)
+                    top = max(top, n)
+                else:                                 # kept while there is room, evicted first
+                    infs[ninf] = ids[p]
+                    ninf += 1
+                    nb -= 1
+            else:
+                k, last = new_pages(np.int64(ids[p]), last, stride, rbytes)
+                pg += k
+                miss[nm] = r
+                nm += 1
+        hits[i - lo], pages[i - lo] = h, pg
+        for m in range(nm):
+            r = miss[m]
+            n = nxt[r]
+            if nb + ninf < cap:
+                if n == INF:
+                    infs[ninf] = ids[r + base]
+                    ninf += 1
+                else:
+                    _bset(words, summ, n)
+                    top = max(top, n)
+                    nb += 1
+            elif n == INF:
+                continue
+            elif ninf > 0:
+                ninf -= 1
+                _bset(words, summ, n)
+                top = max(top, n)
+                nb += 1
+            elif nb > 0:
+                top = _bmax(words, summ, top)
+                if n < top:
+                    _bclear(words, summ, top)
+                    _bset(words, summ, n)
+    st[0], st[1], st[2] = nb, ninf, top
+
+
+class BeladyReplay:
+    """Belady replay state over one trace: `start(s, e)` opens a superbatch (returns its init
+    prefetch), `run(lo, hi)` -> (hits, missed pages) of iterations inside it."""
+
+    def __init__(self, trace: Trace, capacity: int, prefetch=True):
+        self.trace, self.cap, self.prefetch = trace, int(capacity), bool(prefetch)
+        self.offsets = np.ascontiguousarray(trace.offsets, dtype=np.int64)
+        self.ids = np.ascontiguousarray(trace.ids)
+        self.last = np.full(trace.num_nodes, -1, np.int64)
+        self.infs, self.st = np.zeros(self.cap, np.int64), np.zeros(3, np.int64)
+
+    def start(self, s: int, e: int) -> np.ndarray:
+        self.base, end = int(self.offsets[s]), int(self.offsets[e])
+        if end - self.base >= INF:
+            raise ValueError(f"a superbatch must hold < {INF} accesses; use a shorter horizon")
+        self.nxt = _next_positions(self.ids, self.base, end, self.last)
+        words = (end - self.base + 63) // 64 + 1
+        self.words, self.summ = np.zeros(words, np.uint64), np.zeros(words // 64 + 1, np.uint64)
+        init = _fast_start(self.ids, self.base, end, self.last, self.words, self.summ, self.st, self.infs,
+                           self.cap, self.prefetch)
+        return np.sort(init)
+
+    def run(self, lo: int, hi: int):
+        hits, pages = np.zeros(hi - lo, np.int64), np.zeros(hi - lo, np.int64)
+        _fast_run(self.offsets, self.ids, self.base, lo, hi, self.nxt, self.words, self.summ, self.st,
+                  self.infs, self.cap, self.trace.row_stride, self.trace.row_bytes, hits, pages)
+        return hits, pages
+
+    def contents(self) -> np.ndarray:
+        bits = np.flatnonzero(np.unpackbits(self.words.view(np.uint8), bitorder="little"))
+        return np.sort(np.concatenate([self.ids[self.base + bits], self.infs[:self.st[1]]]))
 
 
 def belady_naive(trace: Trace, capacity: int, start=0, stop=None, prefetch=True):

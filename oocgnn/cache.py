@@ -24,7 +24,7 @@ import numba
 import numpy as np
 import pandas as pd
 
-from .belady import BeladySim
+from .belady import BeladyReplay
 from .errors import UserError
 from .io import PAGE
 from .trace import Trace, count_pages, new_pages
@@ -60,18 +60,10 @@ class CacheResult:
     def hit_ratio(self):
         return self.hits / max(1, self.accesses)
 
-    @property
-    def total_rows(self):
-        return self.misses + self.init_rows
-
-    @property
-    def total_pages(self):
-        return self.pages_read + self.init_pages
-
     def as_dict(self) -> dict:
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "per_iteration"}
-        return {**d, "rows_read": self.rows_read, "hit_ratio": self.hit_ratio, "total_rows": self.total_rows,
-                "total_pages": self.total_pages, "init_bytes": self.init_pages * PAGE}
+        return {**d, "rows_read": self.misses, "hit_ratio": self.hit_ratio, "init_bytes": self.init_pages * PAGE,
+                "total_rows": self.misses + self.init_rows, "total_pages": self.pages_read + self.init_pages}
 
 
 class CachePolicy:
@@ -87,6 +79,7 @@ class CachePolicy:
 
     @classmethod
     def from_budget(cls, budget_bytes, row_bytes, num_nodes, table_bytes=4, **kw):
+        """The policy that a byte budget buys (`capacity_from_budget` rows)."""
         return cls(capacity_from_budget(budget_bytes, row_bytes, num_nodes, table_bytes), num_nodes, **kw)
 
     def begin(self, trace: Trace):
@@ -106,45 +99,39 @@ class CachePolicy:
         return hits, pages, init[0], init[1]
 
     def __repr__(self):
-        return f"{type(self).__name__}(capacity={self.capacity}, num_nodes={self.num_nodes})"
+        return f"{type(self).__name__}({self.capacity}, {self.num_nodes})"
 
 
-# ---- linked-list policies: LRU, FIFO (nodes), page-LRU (pages) -----------------------------
+# ---- LRU, FIFO over rows, LRU over pages ----------------------------------------------------
 @numba.njit(cache=True, inline="always")
-def _unlink(nxt, prv, v):
-    nxt[prv[v]], prv[nxt[v]] = nxt[v], prv[v]
-
-
-@numba.njit(cache=True, inline="always")
-def _push(nxt, prv, head, v):
-    nxt[v], prv[v] = nxt[head], head
-    prv[nxt[head]] = v
-    nxt[head] = v
+def _span(v, paged, stride, rbytes):
+    """Keys of row v: itself, or its first and last 4 KiB page."""
+    if paged:
+        return v * stride // PAGE, (v * stride + rbytes - 1) // PAGE
+    return v, v
 
 
 @numba.njit(cache=True)
-def _lru(offsets, ids, lo, hi, nxt, prv, inc, st, cap, move, paged, stride, rbytes, hits, pages):
-    """LRU (move on hit) or FIFO over rows, or LRU over the pages of rows (`paged`)."""
-    head, size = len(nxt) - 1, st[0]
+def _lru(offsets, ids, lo, hi, stamp, st, cap, move, paged, stride, rbytes, hits, pages):
+    """stamp[q]: iteration of the last access (LRU, `move`) or of the admission (FIFO) of row q,
+    or of page q (`paged`); -1 when not cached. The eviction cursor walks the trace from the oldest
+    iteration: an entry whose stamp is still its iteration is the oldest cached (ties in id order,
+    as a linked list fed in id order would give), so eviction costs O(1) amortised per access."""
+    size, ep, eq, et = st[0], st[1], st[2], st[3]
     for i in range(lo, hi):
         h, pg, last, lastq, last_ok = 0, 0, -1, -1, True
         for p in range(offsets[i], offsets[i + 1]):
-            v = np.int64(ids[p])
-            first, end, ok = v, v, True
-            if paged:
-                first, end = v * stride // PAGE, (v * stride + rbytes - 1) // PAGE
+            v, ok = np.int64(ids[p]), True
+            first, end = _span(v, paged, stride, rbytes)
             for q in range(first, end + 1):
                 if q == lastq:                      # rows are sorted: a shared page is the last one
                     ok = ok and last_ok
                     continue
-                hit = inc[q] != 0
-                if hit and move:
-                    _unlink(nxt, prv, q)
+                hit = stamp[q] >= 0
                 if not hit:
-                    inc[q] = 1
                     size += 1
                 if move or not hit:
-                    _push(nxt, prv, head, q)
+                    stamp[q] = i
                 if paged:
                     pg += not hit
                     lastq, last_ok = q, hit
@@ -153,33 +140,36 @@ def _lru(offsets, ids, lo, hi, nxt, prv, inc, st, cap, move, paged, stride, rbyt
             if not ok and not paged:
                 n, last = new_pages(v, last, stride, rbytes)
                 pg += n
-        while size > cap:                           # evict after counting: hits are against C_i
-            t = prv[head]
-            _unlink(nxt, prv, t)
-            inc[t] = 0
-            size -= 1
         hits[i - lo], pages[i - lo] = h, pg
-    st[0] = size
+        while size > cap:                           # evict after counting: hits are against C_i
+            while ep >= offsets[et + 1]:
+                et += 1
+            first, end = _span(np.int64(ids[ep]), paged, stride, rbytes)
+            q = max(first, eq)
+            if stamp[q] == et:
+                stamp[q] = -1
+                size -= 1
+            eq = q + 1
+            if eq > end:
+                ep, eq = ep + 1, -1
+    st[0], st[1], st[2], st[3] = size, ep, eq, et
 
 
 class LRUCache(CachePolicy):
-    """Least recently used; within an iteration ids are touched in id order."""
+    """Least recently used at iteration granularity; within an iteration, ids in id order."""
     name, move, paged = "lru", True, False
 
-    def slots(self):
-        return self.num_nodes
-
     def reset(self):
-        n = self.slots()
-        self.nxt, self.prv = np.full(n + 1, n, np.int64), np.full(n + 1, n, np.int64)
-        self.inc, self.st = np.zeros(n, np.uint8), np.zeros(1, np.int64)
+        stride, rbytes = self.layout
+        n = ((self.num_nodes - 1) * stride + rbytes - 1) // PAGE + 1 if self.paged else self.num_nodes
+        self.stamp, self.st = np.full(n, -1, np.int32), np.array([0, 0, -1, 0], np.int64)
 
     def _run(self, lo, hi, hits, pages, init):
-        _lru(self.offsets, self.ids, lo, hi, self.nxt, self.prv, self.inc, self.st, self.capacity,
-             self.move, self.paged, *self.layout, hits, pages)
+        _lru(self.offsets, self.ids, lo, hi, self.stamp, self.st, self.capacity, self.move, self.paged,
+             *self.layout, hits, pages)
 
     def contents(self):
-        return np.flatnonzero(self.inc)
+        return np.flatnonzero(self.stamp >= 0)
 
 
 class FIFOCache(LRUCache):
@@ -195,10 +185,6 @@ class PageLRUCache(LRUCache):
     @classmethod
     def from_budget(cls, budget_bytes, row_bytes, num_nodes, table_bytes=0, **kw):
         return cls(int(budget_bytes) // PAGE, num_nodes, **kw)
-
-    def slots(self):
-        stride, rbytes = self.layout
-        return (int(self.num_nodes - 1) * stride + rbytes - 1) // PAGE + 1
 
 
 # ---- slot-array policies: CLOCK, random ----------------------------------------------------
@@ -251,7 +237,7 @@ class ClockCache(CachePolicy):
         self.seed = int(seed)
 
     def reset(self):
-        self.slot, self.where = np.zeros(self.capacity, np.int64), np.full(self.num_nodes, -1, np.int64)
+        self.slot, self.where = np.zeros(self.capacity, np.int64), np.full(self.num_nodes, -1, np.int32)
         self.ref = np.zeros(self.num_nodes, np.uint8)
         self.st = np.array([0, 0, (self.seed * 0x9E3779B97F4A7C15 + 1) % (1 << 63) or 1], np.int64)
 
@@ -269,13 +255,38 @@ class RandomCache(ClockCache):
 
 
 # ---- S3-FIFO ---------------------------------------------------------------------------------
+@numba.njit(cache=True, inline="always")
+def _unlink(nxt, prv, v):
+    nxt[prv[v]], prv[nxt[v]] = nxt[v], prv[v]
+
+
+@numba.njit(cache=True, inline="always")
+def _push(nxt, prv, head, v):
+    nxt[v], prv[v] = nxt[head], head
+    prv[nxt[head]] = v
+    nxt[head] = v
+
+
+@numba.njit(cache=True)
+def _evict_main(nxt, prv, where, freq, hm):
+    """Main FIFO as a 2-bit CLOCK: reinsert the tail while its counter is > 0 (decrementing it)."""
+    while True:
+        u = prv[hm]
+        _unlink(nxt, prv, u)
+        if freq[u] == 0:
+            where[u] = 0
+            return
+        freq[u] -= 1
+        _push(nxt, prv, hm, u)
+
+
 @numba.njit(cache=True)
 def _s3fifo(offsets, ids, lo, hi, nxt, prv, where, freq, st, cap, stride, rbytes, hits, pages):
     """S3-FIFO (Yang et al. SOSP'23, Alg. 1). where: 0 out, 1 small, 2 main, 3 ghost."""
     n = len(where)
     hs, hm, hg = n, n + 1, n + 2                    # list heads of S, M, G in one intrusive list
     ss, sm, sg = st[0], st[1], st[2]
-    scap, gcap = 0.1 * cap, cap - int(0.1 * cap)
+    mcap = cap - int(0.1 * cap)                     # main's size, and the ghost's
     miss = np.empty(0 if hi <= lo else np.max(offsets[lo + 1:hi + 1] - offsets[lo:hi]), np.int64)
     for i in range(lo, hi):
         h, pg, last, nm = 0, 0, -1, 0
@@ -293,47 +304,31 @@ def _s3fifo(offsets, ids, lo, hi, nxt, prv, where, freq, st, cap, stride, rbytes
         for m in range(nm if cap > 0 else 0):
             v = miss[m]
             while ss + sm >= cap:                   # evict()
-                if ss >= scap and ss > 0:           # evictS: promote re-used, else to the ghost
-                    while ss > 0:
-                        t = prv[hs]
-                        _unlink(nxt, prv, t)
-                        ss -= 1
-                        if freq[t] > 1:
-                            _push(nxt, prv, hm, t)
-                            where[t], freq[t] = 2, 0
-                            sm += 1
-                            if sm > gcap:           # main full: reinsert-or-evict its tail
-                                while True:
-                                    u = prv[hm]
-                                    _unlink(nxt, prv, u)
-                                    if freq[u] > 0:
-                                        freq[u] -= 1
-                                        _push(nxt, prv, hm, u)
-                                    else:
-                                        where[u] = 0
-                                        sm -= 1
-                                        break
-                        else:
-                            _push(nxt, prv, hg, t)
-                            where[t] = 3
-                            sg += 1
-                            if sg > gcap:
-                                u = prv[hg]
-                                _unlink(nxt, prv, u)
-                                where[u] = 0
-                                sg -= 1
-                            break
-                else:                               # evictM: 2-bit CLOCK over the main FIFO
-                    while True:
-                        u = prv[hm]
-                        _unlink(nxt, prv, u)
-                        if freq[u] > 0:
-                            freq[u] -= 1
-                            _push(nxt, prv, hm, u)
-                        else:
-                            where[u] = 0
+                if ss == 0 or ss < 0.1 * cap:
+                    _evict_main(nxt, prv, where, freq, hm)
+                    sm -= 1
+                    continue
+                while ss > 0:                       # evictS: promote if re-used, else to the ghost
+                    t = prv[hs]
+                    _unlink(nxt, prv, t)
+                    ss -= 1
+                    if freq[t] > 1:
+                        _push(nxt, prv, hm, t)
+                        where[t], freq[t] = 2, 0
+                        sm += 1
+                        if sm > mcap:
+                            _evict_main(nxt, prv, where, freq, hm)
                             sm -= 1
-                            break
+                        continue
+                    _push(nxt, prv, hg, t)
+                    where[t] = 3
+                    sg += 1
+                    if sg > mcap:
+                        u = prv[hg]
+                        _unlink(nxt, prv, u)
+                        where[u] = 0
+                        sg -= 1
+                    break
             if where[v] == 3:                       # ghost hit: straight into main
                 _unlink(nxt, prv, v)
                 sg -= 1
@@ -353,7 +348,7 @@ class S3FIFOCache(CachePolicy):
 
     def reset(self):
         n = self.num_nodes
-        self.nxt = np.concatenate([np.zeros(n, np.int64), np.arange(n, n + 3)])
+        self.nxt = np.concatenate([np.zeros(n, np.int32), np.arange(n, n + 3, dtype=np.int32)])
         self.prv = self.nxt.copy()
         self.where, self.freq = np.zeros(n, np.uint8), np.zeros(n, np.uint8)
         self.st = np.zeros(3, np.int64)
@@ -427,7 +422,8 @@ class FrequencyCache(StaticCache):
 class BeladyCache(CachePolicy):
     """Belady over a horizon of `horizon` iterations (a superbatch; None = the whole trace).
     prefetch=True: each superbatch starts from Ginex's init (first `capacity` distinct ids), read
-    before it and reported as init; prefetch=False: cold start, the cache carries over."""
+    before it and reported as init; prefetch=False: cold start, and rows cached at a superbatch's
+    end stay, re-keyed by their first access in the next one."""
     name = "belady"
 
     def __init__(self, capacity, num_nodes, horizon=None, prefetch=True):
@@ -437,7 +433,7 @@ class BeladyCache(CachePolicy):
             raise UserError(f"Belady horizon must be >= 1 iterations, got {horizon}")
 
     def reset(self):
-        self.sim = BeladySim(self.trace, self.capacity, self.prefetch)
+        self.sim = BeladyReplay(self.trace, self.capacity, self.prefetch)
         self.sb_end = 0
 
     def _run(self, lo, hi, hits, pages, init):

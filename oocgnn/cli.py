@@ -121,7 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
                         description="Train a GNN over a store; writes config.json, log.csv and "
                                     "summary.json to the run directory.")
     tr.add_argument("store")
-    tr.add_argument("--policy", help="inmemory | mmap (default inmemory)")
+    tr.add_argument("--policy", help="inmemory | mmap | hierbatching | outre (default inmemory)")
     tr.add_argument("--model", help="sage | gat | gin | mlp (default sage)")
     tr.add_argument("--epochs", type=int)
     tr.add_argument("--fanouts", help="per-layer fanouts, e.g. 10,10 (default)")
@@ -139,6 +139,21 @@ def build_parser() -> argparse.ArgumentParser:
                     help="evaluate on a fixed subset of this many nodes per split (0: all)")
     tr.add_argument("--target-acc", dest="target_acc", type=float,
                     help="report the time to reach this validation accuracy")
+    hb = tr.add_argument_group("hierbatching (HierBatching Alg. 1)")
+    hb.add_argument("--parts-per-megabatch", dest="parts_per_megabatch", type=int, help="N_d (default 8)")
+    hb.add_argument("--static-ratio", dest="static_ratio", type=float,
+                    help="r_s: fraction of nodes (top degree) resident all run (default 0.01)")
+    hb.add_argument("--passes", type=float, help="p: passes over each mega-batch (default 2)")
+    hb.add_argument("--static-scope", dest="static_scope", help="adjacent | all (default adjacent)")
+    hb.add_argument("--no-pipeline", dest="pipeline", action="store_false", default=None,
+                    help="load mega-batches synchronously (no double buffering)")
+    ou = tr.add_argument_group("outre (OUTRE §4.2-4.3)")
+    ou.add_argument("--parts-per-macro", dest="parts_per_macro", type=int, help="parts per macro batch (default 20)")
+    ou.add_argument("--feature-cache", dest="feature_cache", help="degree | frequency (default degree)")
+    ou.add_argument("--history-ratio", dest="history_ratio", type=float,
+                    help="fraction of nodes with historical embeddings (default 0.1; 0 disables)")
+    ou.add_argument("--history-by", dest="history_by", help="importance | degree (default importance)")
+    ou.add_argument("--staleness", type=int, help="reuse histories younger than this many iterations (default 100)")
     tr.add_argument("--threads", type=int, help="torch threads (default: library default)")
     tr.add_argument("--out", help="run directory (default runs/<store>-<policy>-<model>-s<seed>)")
     tr.add_argument("--seed", type=int)

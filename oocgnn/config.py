@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass
 from .errors import UserError
 from .units import parse_size
 
-POLICIES = ("inmemory", "mmap")
+POLICIES = ("inmemory", "mmap", "hierbatching", "outre")
 MODELS = ("sage", "gat", "gin", "mlp")
 
 
@@ -46,6 +46,18 @@ class TrainConfig:
     target_acc: float = 0.0           # summary reports the time to reach this val accuracy
     out: str = ""                     # run directory; default runs/<store>-<policy>-<model>-s<seed>
     seed: int = 0
+    # hierbatching (HierBatching Alg. 1)
+    parts_per_megabatch: int = 8      # N_d: parts per mega-batch (r_d = N_d / parts)
+    static_ratio: float = 0.01        # r_s: top-degree nodes resident for the whole run
+    passes: float = 2.0               # p: passes over a mega-batch's training nodes (float allowed)
+    static_scope: str = "adjacent"    # static nodes visible to a mega-batch: adjacent to it, or all
+    pipeline: bool = True             # load the next mega-batch while training on this one
+    # outre (OUTRE §4.2-4.3)
+    parts_per_macro: int = 20         # parts per macro batch
+    feature_cache: str = "degree"     # static feature cache: degree | frequency (profiled epoch)
+    history_ratio: float = 0.1        # fraction of nodes with a historical layer-(L-1) embedding
+    history_by: str = "importance"    # importance (OUTRE's pruned-subtree size) | degree
+    staleness: int = 100              # reuse a history while younger than this many iterations
     threads: int = 0                  # torch intra-op threads; 0: library default (DGL sampling is
                                       # reproducible only with OMP_NUM_THREADS=1)
     progress: bool = True
@@ -71,6 +83,22 @@ class TrainConfig:
         if self.eval_every < 0 or self.max_eval_nodes < 0 or self.threads < 0:
             raise UserError("eval_every, max_eval_nodes and threads must be >= 0")
         self.memory_budget_bytes   # validates the size string
+        if self.parts_per_megabatch < 1 or self.parts_per_macro < 1:
+            raise UserError("parts_per_megabatch and parts_per_macro must be >= 1")
+        if not 0 <= self.static_ratio <= 1 or not 0 <= self.history_ratio <= 1:
+            raise UserError("static_ratio and history_ratio are fractions in [0, 1]")
+        if self.passes < 1:
+            raise UserError(f"passes must be >= 1 (every training node at least once), got {self.passes}")
+        if self.static_scope not in ("adjacent", "all"):
+            raise UserError(f"static_scope must be adjacent or all, got {self.static_scope!r}")
+        if self.feature_cache not in ("degree", "frequency"):
+            raise UserError(f"feature_cache must be degree or frequency, got {self.feature_cache!r}")
+        if self.history_by not in ("importance", "degree"):
+            raise UserError(f"history_by must be importance or degree, got {self.history_by!r}")
+        if self.staleness < 1:
+            raise UserError(f"staleness must be >= 1 iteration (1 disables reuse), got {self.staleness}")
+        if self.history_ratio > 0 and self.model == "mlp" and self.policy == "outre":
+            raise UserError("historical embeddings need a GNN (the MLP has no layer L-1 inputs)")
 
     @property
     def fanout_list(self) -> list:

@@ -313,7 +313,12 @@ class Store:
                            row_stride=self.row_stride, **kw)
 
     def graph(self):
-        """The topology as a DGL graph (CSC; the CSR is symmetric, so in = out neighbours)."""
+        """The topology as a DGL graph (CSC; the CSR is symmetric, so in = out neighbours); built once."""
+        if getattr(self, "_graph", None) is None:
+            self._graph = self._build_graph()
+        return self._graph
+
+    def _build_graph(self):
         import dgl
         import torch
         indptr = torch.from_numpy(self.indptr)

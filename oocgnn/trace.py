@@ -71,11 +71,12 @@ def _zipf_iterations(num_nodes, iterations, size, alpha, seed):
     seen = np.full(num_nodes, -1, np.int64)
     out = np.empty(iterations * size, np.int32)
     a, top = 1.0 - alpha, float(num_nodes) + 1.0
+    span = top ** a - 1.0
     for i in range(iterations):
         n = 0
         while n < size:
             u = np.random.random()
-            x = ((top ** a - 1.0) * u + 1.0) ** (1.0 / a) if a != 0.0 else top ** u
+            x = (span * u + 1.0) ** (1.0 / a) if a != 0.0 else top ** u
             v = perm[min(num_nodes - 1, int(x) - 1)]
             if seen[v] != i:
                 seen[v] = i

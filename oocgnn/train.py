@@ -1,13 +1,14 @@
-"""The executor: train a model over a store under a policy, logging accuracy against time.
+"""The executor: run a policy's schedule for real, train the model, log accuracy against time.
 
-A policy decides what graph data stays resident and how feature rows are read; this
-issue's policies are the baselines every out-of-core technique is compared with:
-`inmemory` (all features in RAM + DGL neighbour sampling, the "NS" baseline of
-HierBatching/Ginex) and `mmap` (the same through an np.memmap of the store, capped by a
-memory cgroup when the process may create one).
+The policy (`oocgnn.policies`) owns the schedule the simulator replays, the resident feature
+rows and the readers; this loop applies each step's residency change, samples the batch
+with the shared seeded sampler (`schedules.sample_blocks`), gathers features, prunes by
+historical embeddings when the policy has them (OUTRE §4.3), trains and evaluates.
+Simulated and executed I/O of the same run agree (a test).
 
-Every run writes `config.json`, `log.csv` (one row per evaluation) and `summary.json` to
-its run directory.
+Every run writes `config.json`, `log.csv` (one row per evaluation: training wall time
+without evaluation, accuracy, bytes and requests read) and `summary.json` (stage timers,
+I/O, memory accounting, time to a target accuracy) to its run directory.
 """
 from __future__ import annotations
 
@@ -27,75 +28,19 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from .config import TrainConfig
-from .memcap import MemoryCap, drop_file_cache
+from .io import IOStats
 from .models import build_model
-from .store import Store, open_store
+from .policies import make_policy
+from .store import open_store
 
 LOG_COLUMNS = ["wall_s", "epoch", "step", "train_loss", "val_acc", "test_acc",
                "bytes_read", "requests", "peak_rss"]
+WARMUP_STEPS = 2
 
 
 def peak_rss() -> int:
     """Peak resident set size of this process in bytes (VmHWM)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-
-
-class InMemoryPolicy:
-    """All features resident in RAM (the NS baseline); no budget applies."""
-    name = "inmemory"
-
-    def __init__(self, store: Store, cfg: TrainConfig):
-        self.reader = store.reader("memory")
-        self.resident_bytes = store.num_nodes * store.row_bytes
-
-    def memory_cap(self):
-        return contextlib.nullcontext(None)
-
-    def end_warmup(self):
-        pass
-
-    def cap_record(self) -> dict:
-        return {"enforced": False, "reason": "inmemory keeps every feature resident by design"}
-
-
-class MmapPolicy:
-    """Features through np.memmap (MADV_RANDOM): the OS page cache is the only cache.
-
-    Honest only under an enforced limit. A memory cgroup counts the process's new
-    allocations as well as the page cache, so the run is capped at
-    `memory_budget + W`, where W is the working memory of sampling, training and
-    evaluation, measured exactly in the same cgroup during the warm-up steps while
-    features are read with O_DIRECT (no page cache). What is left for caching feature
-    pages during a step is then about the budget.
-    """
-    name = "mmap"
-    unlimited = 1 << 50
-
-    def __init__(self, store: Store, cfg: TrainConfig):
-        self.store, self.budget = store, cfg.memory_budget_bytes
-        self.reader = store.reader("direct")      # warm-up: measure W without page cache
-        self.resident_bytes = 0                    # resident features are the kernel's business
-        self.cap, self.working_set = None, None
-
-    def memory_cap(self):
-        drop_file_cache(self.store.features_path)
-        self.cap = MemoryCap(self.unlimited)
-        return self.cap
-
-    def end_warmup(self):
-        """Cap at budget + measured working set, then switch to the mmap reader."""
-        self.working_set = self.cap.peak() if self.cap.enforced else None
-        if self.working_set is not None:
-            self.cap.set_limit(self.budget + int(1.25 * self.working_set) + (16 << 20))
-            self.cap.reset_peak()
-        self.reader.close()
-        self.reader = self.store.reader("mmap")
-
-    def cap_record(self) -> dict:
-        return {**self.cap.record(), "budget": self.budget, "working_set": self.working_set}
-
-
-POLICY_CLASSES = {"inmemory": InMemoryPolicy, "mmap": MmapPolicy}
 
 
 def default_run_dir(cfg: TrainConfig) -> Path:
@@ -121,19 +66,33 @@ def _seed_everything(seed: int):
     dgl.seed(seed)
 
 
-def evaluate(model, g, reader, labels, nodes, sampler, batch_size) -> float:
-    """Accuracy of sampled mini-batch inference on `nodes`."""
+def evaluate(model, g, gather, labels, nodes, fanouts, batch_size, seed=0) -> float:
+    """Accuracy of sampled mini-batch inference on `nodes` (features through `gather`)."""
+    from .schedules import sample_blocks
     model.eval()
     correct = 0
     with torch.no_grad():
-        for lo in range(0, len(nodes), batch_size):
-            seeds = torch.from_numpy(nodes[lo:lo + batch_size])
-            input_nodes, output_nodes, blocks = sampler.sample(g, seeds)
-            x = torch.from_numpy(reader.read_rows(input_nodes.numpy()))
-            pred = model(blocks, x).argmax(1)
+        for i, lo in enumerate(range(0, len(nodes), batch_size)):
+            input_nodes, output_nodes, blocks = sample_blocks(g, nodes[lo:lo + batch_size], fanouts,
+                                                              seed=seed + i)
+            pred = model(blocks, gather(input_nodes.numpy())).argmax(1)
             correct += int((pred == labels[output_nodes]).sum())
     model.train()
     return correct / max(1, len(nodes))
+
+
+def _next_loads(steps) -> list:
+    """For each step index, the next later step that loads ranges (what a prefetcher loads)."""
+    out, nxt = [None] * len(steps), None
+    for i in range(len(steps) - 1, -1, -1):
+        out[i] = nxt
+        if steps[i][2].enter_ranges:
+            nxt = steps[i][2]
+    return out
+
+
+def _io(policy) -> IOStats:
+    return policy.io_before_switch + policy.reader.stats
 
 
 def train(cfg: TrainConfig) -> dict:
@@ -141,25 +100,22 @@ def train(cfg: TrainConfig) -> dict:
     store = open_store(cfg.store)
     run_dir = Path(cfg.out) if cfg.out else default_run_dir(cfg)
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.json").write_text(json.dumps({
-        **cfg.to_dict(), "store_meta": {k: store.meta[k] for k in
-                                        ("name", "num_nodes", "num_edges", "feat_dim", "num_parts")},
-        "host": {"python": platform.python_version(), "torch": torch.__version__,
-                 "dgl": dgl.__version__, "cpus": os.cpu_count(),
-                 "loadavg": open("/proc/loadavg").read().split()[:3]}}, indent=2) + "\n")
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     _seed_everything(cfg.seed)
-    rng = np.random.default_rng(cfg.seed)
-
     g = store.graph()
+    policy = make_policy(store, cfg)
+    (run_dir / "config.json").write_text(json.dumps({
+        **cfg.to_dict(), "store_meta": {k: store.meta[k] for k in
+                                        ("name", "num_nodes", "num_edges", "feat_dim", "num_parts")},
+        "policy_memory": policy.memory(), "schedule": repr(policy.schedule),
+        "host": {"python": platform.python_version(), "torch": torch.__version__,
+                 "dgl": dgl.__version__, "cpus": os.cpu_count(),
+                 "loadavg": open("/proc/loadavg").read().split()[:3]}}, indent=2) + "\n")
+
     labels = torch.from_numpy(store.labels)
-    policy = POLICY_CLASSES[cfg.policy](store, cfg)
-    sampler = dgl.dataloading.NeighborSampler(cfg.fanout_list)
-    eval_sampler = dgl.dataloading.NeighborSampler(
-        [int(f) for f in cfg.eval_fanouts.split(",")])
-    model = build_model(cfg.model, store.feat_dim, cfg.hidden, store.num_classes,
-                        cfg.layers, cfg.dropout)
+    eval_fanouts = [int(f) for f in cfg.eval_fanouts.split(",")]
+    model = build_model(cfg.model, store.feat_dim, cfg.hidden, store.num_classes, cfg.layers, cfg.dropout)
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
     eval_sets = {}
     for split, ids in (("val", store.val_idx), ("test", store.test_idx)):
@@ -167,83 +123,91 @@ def train(cfg: TrainConfig) -> dict:
             ids = np.sort(np.random.default_rng(cfg.seed + 1).choice(ids, cfg.max_eval_nodes, replace=False))
         eval_sets[split] = ids
 
-    train_ids = store.train_idx
-    steps_per_epoch = -(-len(train_ids) // cfg.batch_size)
-    eval_every = cfg.eval_every or steps_per_epoch
-    warmup_steps = 2
+    steps = list(policy.steps(cfg.epochs))        # deterministic; listed once for lookahead
+    next_load = _next_loads(steps)
     timers, rows = _Timers(), []
-    train_s, step, loss_sum, loss_n = 0.0, 0, 0.0, 0
-    io_train = {"bytes_read": 0, "requests": 0, "rows": 0, "seconds": 0.0}
+    train_s, loss_sum, loss_n = 0.0, 0.0, 0
+    excluded = IOStats()                           # reads of evaluation and of cache fills
+    excluded += _io(policy)                        # e.g. OUTRE's static cache fill
+    history_hits = 0
 
-    def log_eval(epoch):
+    def log_eval(epoch, step):
         nonlocal loss_sum, loss_n
+        before = _io(policy)
         with timers("eval"):
-            accs = {s: evaluate(model, g, policy.reader, labels, ids, eval_sampler,
-                                cfg.eval_batch_size) for s, ids in eval_sets.items()}
+            accs = {s: evaluate(model, g, policy.eval_gather, labels, ids, eval_fanouts,
+                                cfg.eval_batch_size, seed=cfg.seed + 7) for s, ids in eval_sets.items()}
+        excluded.__iadd__(_io(policy) - before)
+        io = _io(policy) - excluded
         rows.append({"wall_s": round(train_s, 4), "epoch": epoch, "step": step,
                      "train_loss": loss_sum / loss_n if loss_n else float("nan"),
                      "val_acc": accs["val"], "test_acc": accs["test"],
-                     "bytes_read": io_train["bytes_read"],
-                     "requests": io_train["requests"], "peak_rss": peak_rss()})
+                     "bytes_read": io.bytes_read, "requests": io.requests, "peak_rss": peak_rss()})
         loss_sum, loss_n = 0.0, 0
         pd.DataFrame(rows, columns=LOG_COLUMNS).to_csv(run_dir / "log.csv", index=False)
         return accs
 
-    def io_step(stats_before):
-        after = policy.reader.stats.as_dict()
-        for k in io_train:
-            io_train[k] += after[k] - stats_before[k]
-
+    bar = tqdm(total=len(steps), desc=cfg.policy, unit="step", disable=not cfg.progress, leave=False)
     with policy.memory_cap():
-        log_eval(0)                  # accuracy at time 0; also part of the warm-up
-        for epoch in range(cfg.epochs):
-            perm = rng.permutation(train_ids)
-            bar = tqdm(range(steps_per_epoch), desc=f"{cfg.policy} epoch {epoch}",
-                       disable=not cfg.progress, leave=False)
-            for b in bar:
-                t0 = time.perf_counter()
-                seeds = torch.from_numpy(perm[b * cfg.batch_size:(b + 1) * cfg.batch_size])
-                with timers("sample"):
-                    input_nodes, output_nodes, blocks = sampler.sample(g, seeds)
-                before = policy.reader.stats.as_dict()
-                with timers("gather"):
-                    x = torch.from_numpy(policy.reader.read_rows(input_nodes.numpy()))
-                io_step(before)
-                with timers("compute"):
-                    loss = F.cross_entropy(model(blocks, x), labels[output_nodes])
-                    opt.zero_grad()
-                    loss.backward()
-                    opt.step()
-                del x, blocks
-                step += 1
-                loss_sum, loss_n = loss_sum + loss.item(), loss_n + 1
-                train_s += time.perf_counter() - t0
-                if step == warmup_steps:
-                    policy.end_warmup()      # the working set is known: cap the rest of the run
-                if step % eval_every == 0 or (epoch == cfg.epochs - 1 and b == steps_per_epoch - 1):
-                    accs = log_eval(epoch)
-                    bar.set_postfix(val=f"{accs['val']:.3f}", loss=f"{rows[-1]['train_loss']:.3f}")
-            bar.close()
-        if step < warmup_steps:
+        log_eval(0, 0)                             # accuracy at time 0; also part of the warm-up
+        for i, (epoch, b, step) in enumerate(steps):
+            t0 = time.perf_counter()
+            with timers("load"):
+                policy.before(step, next_load[i])
+            with timers("sample"):
+                input_nodes, output_nodes, blocks = policy.sample(g, epoch, b, step)
+            inp = input_nodes.numpy()
+            plan = policy.history.plan(blocks, i) if policy.history is not None else None
+            with timers("gather"):
+                x = policy.gather(inp) if plan is None else plan.inputs(policy.gather(inp[plan.need]))
+            with timers("compute"):
+                if plan is None:
+                    logits = model(blocks, x)
+                else:
+                    from .history import forward_with_history
+                    logits = forward_with_history(model, plan, x, policy.history, i)
+                    history_hits += plan.hits
+                loss = F.cross_entropy(logits, labels[output_nodes])
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+            del x, blocks
+            loss_sum, loss_n = loss_sum + loss.item(), loss_n + 1
+            train_s += time.perf_counter() - t0
+            bar.update()
+            if i + 1 == WARMUP_STEPS:
+                policy.end_warmup()                # e.g. mmap: cap at budget + measured working set
+            last_of_epoch = i + 1 == len(steps) or steps[i + 1][0] != epoch
+            if (cfg.eval_every and (i + 1) % cfg.eval_every == 0) or (not cfg.eval_every and last_of_epoch) \
+                    or i + 1 == len(steps):
+                accs = log_eval(epoch, i + 1)
+                bar.set_postfix(val=f"{accs['val']:.3f}", loss=f"{rows[-1]['train_loss']:.3f}")
+        if len(steps) < WARMUP_STEPS:
             policy.end_warmup()
+    bar.close()
     cap_record = policy.cap_record()
+    io = _io(policy) - excluded
+    policy.close()
 
     log = pd.DataFrame(rows, columns=LOG_COLUMNS)
     best = int(log["val_acc"].idxmax())
     reached = log[log["val_acc"] >= cfg.target_acc] if cfg.target_acc else log.iloc[:0]
+    stage = {k: round(v, 3) for k, v in {**timers.s, **{f"bg_{k}": v for k, v in policy.timers.items()}}.items()}
     summary = {
         "policy": cfg.policy, "model": cfg.model, "store": str(store.path), "seed": cfg.seed,
-        "epochs": cfg.epochs, "steps": step, "train_s": round(train_s, 3),
-        "epoch_s": round(train_s / cfg.epochs, 3),
-        "stage_s": {k: round(v, 3) for k, v in timers.s.items()},
+        "epochs": cfg.epochs, "steps": len(steps), "train_s": round(train_s, 3),
+        "epoch_s": round(train_s / cfg.epochs, 3), "stage_s": stage,
         "best_val_acc": float(log["val_acc"][best]), "test_at_best_val": float(log["test_acc"][best]),
         "final_val_acc": float(log["val_acc"].iloc[-1]), "final_test_acc": float(log["test_acc"].iloc[-1]),
         "target_acc": cfg.target_acc,
         "time_to_target_s": float(reached["wall_s"].iloc[0]) if len(reached) else None,
-        "io": {**io_train, "reader": type(policy.reader).__name__},
-        "resident_bytes": policy.resident_bytes, "memory_budget": cfg.memory_budget_bytes,
-        "memory_cap": cap_record, "peak_rss": peak_rss(),
+        "io": {**io.as_dict(), "reader": type(policy.reader).__name__},
+        "io_excluded": excluded.as_dict(),
+        "memory": policy.memory(), "resident_bytes": policy.resident_bytes(),
+        "memory_budget": cfg.memory_budget_bytes, "memory_cap": cap_record, "peak_rss": peak_rss(),
+        "history_hits": history_hits,
     }
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    policy.reader.close()
+    if hasattr(policy, "rule"):
+        summary["hierbatching_rule"] = policy.rule()
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=float) + "\n")
     return {**summary, "run_dir": str(run_dir), "log": log}

@@ -1,0 +1,175 @@
+"""Historical embedding cache (OUTRE §4.3): reuse h^(L−1) of hop-1 nodes, prune their sub-trees.
+
+A fixed set of candidates (`redundancy.history_nodes`) owns one slot each, so the cache
+never evicts for capacity; an entry is reused while it is fresh. Per batch, `plan` decides
+(with `simulate.history_prune`, so executed and simulated I/O agree):
+
+- SKIP: a fresh candidate among the non-seed sources of the last layer; its h^(L−1) is
+  pulled from the cache and its (L−1)-deep sub-tree is neither expanded nor gathered
+  (unless another node NEEDs its lower-layer embeddings, which `history_prune` handles).
+- PUSH: a candidate among the last layer's sources (seeds included) that is empty or stale;
+  its exact h^(L−1) is computed anyway and stored with stamp = t. A fresh seed candidate is
+  computed exactly but not re-pushed: stamps change only on empty/stale entries (OUTRE Fig. 3).
+
+`forward_with_history` runs layers 0..L−2 on the pruned blocks, swaps the skipped rows of
+h^(L−1) for their (detached) histories, pushes, and runs the last layer. Stamps are written
+at compute time, so planning batches ahead is safe (a plan never skips an unwritten slot).
+Pushed rows are taken in whatever mode the model is in (training: after dropout).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .errors import UserError
+from .simulate import history_prune
+
+
+class HistoryCache:
+    """One slot per candidate: `emb` float32 [k, dim], `slot` int32 [N] (−1: not a candidate),
+    `stamp` int64 [k] (−1: empty).
+
+    Reuse rule (OUTRE §4.3, code `|t − stamp| < STALENESS`): a candidate is fresh at
+    iteration t iff stamp ≥ 0 and t − stamp < staleness, so staleness=1 never reuses.
+    `t` is a global iteration (mini-batch) counter, non-decreasing across epochs.
+    """
+
+    def __init__(self, candidates, dim: int, staleness: int, num_nodes: int):
+        cand = np.unique(np.asarray(candidates, dtype=np.int64))
+        if len(cand) and (cand[0] < 0 or cand[-1] >= num_nodes):
+            raise UserError(f"history candidates must be store ids in [0, {num_nodes})")
+        if int(dim) < 1 or int(staleness) < 1:
+            raise UserError(f"history cache needs dim >= 1 and staleness >= 1, got {dim}, {staleness}")
+        self.candidates, self.dim, self.staleness = cand, int(dim), int(staleness)
+        self.num_nodes = int(num_nodes)
+        self.emb = torch.zeros(len(cand), self.dim, dtype=torch.float32)   # [k, dim]
+        self.slot = np.full(self.num_nodes, -1, dtype=np.int32)            # [N]
+        self.slot[cand] = np.arange(len(cand), dtype=np.int32)
+        self.stamp = np.full(len(cand), -1, dtype=np.int64)                # [k]
+        self.stats = {"batches": 0, "hits": 0, "pushes": 0}                # cumulative, per executed batch
+
+    def __len__(self):
+        return len(self.candidates)
+
+    def __repr__(self):
+        return (f"HistoryCache(k={len(self)}, dim={self.dim}, staleness={self.staleness}, "
+                f"nbytes={self.nbytes})")
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held: embeddings (k·dim·4) + slot table (N·4) + stamps (k·8)."""
+        return self.emb.numel() * self.emb.element_size() + self.slot.nbytes + self.stamp.nbytes
+
+    def fresh_mask(self, t: int) -> np.ndarray:
+        """bool [N]: candidates whose history may be reused at iteration t."""
+        ok = (self.stamp >= 0) & (int(t) - self.stamp < self.staleness)
+        mask = np.zeros(self.num_nodes, dtype=bool)
+        mask[self.candidates[ok]] = True
+        return mask
+
+    def pull(self, slots) -> torch.Tensor:
+        """Histories of `slots` [n, dim], detached (no gradient flows into histories)."""
+        return self.emb[torch.as_tensor(slots, dtype=torch.int64)].detach()
+
+    def push(self, slots, rows: torch.Tensor, t: int):
+        """Store detached copies of `rows` [n, dim] in `slots`, stamped t."""
+        self.emb[torch.as_tensor(slots, dtype=torch.int64)] = rows.detach().to("cpu", torch.float32)
+        self.stamp[slots] = int(t)
+
+    def plan(self, blocks, t: int) -> "HistoryPlan":
+        """SKIP/PUSH decisions and pruned blocks of one sampled batch at iteration t."""
+        import dgl
+        fresh = self.fresh_mask(t)
+        need, expanded, skipped = history_prune(blocks, fresh)
+        # per-level expansion: history_prune on the suffix blocks[i:] yields blocks[i]'s expanded dst
+        pruned = [_prune(b, history_prune(blocks[i:], fresh)[1]) for i, b in enumerate(blocks[:-1])]
+        hop1 = blocks[-1].srcdata[dgl.NID].numpy()
+        slots = self.slot[hop1].astype(np.int64)
+        push = (slots >= 0) & ~fresh[hop1]
+        return HistoryPlan(t=int(t), need=need, expanded=expanded, skipped=skipped, push=push,
+                           skip_slots=slots[skipped], push_slots=slots[push],
+                           input_ids=blocks[0].srcdata[dgl.NID].numpy()[need],
+                           pruned_blocks=pruned + [blocks[-1]])
+
+
+def _prune(block, keep_dst: np.ndarray):
+    """A copy of `block` keeping only the edges into dst nodes with keep_dst (same node sets)."""
+    import dgl
+    src, dst = block.edges()
+    keep = torch.from_numpy(keep_dst).to(dst.device)[dst]
+    out = dgl.create_block((src[keep], dst[keep]), num_src_nodes=block.num_src_nodes(),
+                           num_dst_nodes=block.num_dst_nodes(), device=block.device)
+    out.srcdata[dgl.NID] = block.srcdata[dgl.NID]
+    out.dstdata[dgl.NID] = block.dstdata[dgl.NID]
+    if dgl.EID in block.edata:
+        out.edata[dgl.EID] = block.edata[dgl.EID][keep]
+    return out
+
+
+@dataclass
+class HistoryPlan:
+    """One batch's history decisions (OUTRE §4.3); masks are over local ids of the named block side."""
+    t: int                   # iteration the plan was made for
+    need: np.ndarray         # bool [blocks[0].num_src]: input rows whose features must be gathered
+    expanded: np.ndarray     # bool [blocks[0].num_dst]: outermost nodes whose neighbour lists are used
+    skipped: np.ndarray      # bool [blocks[-1].num_src]: h^(L−1) pulled from the cache (SKIP)
+    push: np.ndarray         # bool [blocks[-1].num_src]: empty/stale candidates stored after compute (PUSH)
+    skip_slots: np.ndarray   # int64 [hits]: cache slots of the skipped rows, in local-id order
+    push_slots: np.ndarray   # int64 [pushes]: cache slots of the pushed rows, in local-id order
+    input_ids: np.ndarray    # int64 [need.sum()]: store ids of the needed input rows
+    pruned_blocks: list      # blocks[:-1] minus edges into non-expanded dst nodes, then blocks[-1]
+
+    @property
+    def hits(self) -> int:
+        return int(np.count_nonzero(self.skipped))
+
+    @property
+    def pushes(self) -> int:
+        return int(np.count_nonzero(self.push))
+
+    @property
+    def input_rows(self) -> int:
+        """Feature rows to gather: simulate's `input_nodes_hist`."""
+        return int(np.count_nonzero(self.need))
+
+    def inputs(self, rows, dim=None) -> torch.Tensor:
+        """x [blocks[0].num_src, dim]: `rows` (features of input_ids) in the needed rows, zeros elsewhere."""
+        rows = torch.as_tensor(rows)
+        x = rows.new_zeros(len(self.need), rows.shape[1] if dim is None else dim)
+        x[torch.from_numpy(self.need)] = rows
+        return x
+
+
+def forward_with_history(model, plan: HistoryPlan, x: torch.Tensor, cache: HistoryCache, t=None):
+    """Logits of the seeds: layers 0..L−2 on the pruned blocks, history swap at h^(L−1), last layer.
+
+    x: [blocks[0].num_src, in_dim]; only rows with plan.need matter. `t` (default plan.t)
+    stamps the pushed rows. OUTRE §4.3: no gradient flows into pulled rows or the cache.
+    """
+    blocks = plan.pruned_blocks
+    L = len(blocks)
+    if not callable(getattr(model, "layer", None)):
+        raise UserError(f"{type(model).__name__} has no layer(i, block, h): history reuse needs a "
+                        "layer-wise GNN (SAGE, GAT, GIN), not the MLP")
+    n_layers = len(getattr(model, "layers", blocks))
+    if L < 2 or n_layers != L:
+        raise UserError(f"history reuse needs >= 2 layers and one block per layer, got {n_layers} "
+                        f"layers and {L} blocks")
+    t = plan.t if t is None else int(t)
+    h = x
+    for i in range(L - 1):
+        h = model.layer(i, blocks[i], h)                     # [blocks[i].num_dst, hidden]
+    if h.shape[1] != cache.dim:
+        raise UserError(f"h^(L-1) has {h.shape[1]} columns but the history cache has dim {cache.dim}")
+    if plan.hits:
+        h = h.clone()                                        # keep autograd's view of the computed rows
+        h[torch.from_numpy(np.flatnonzero(plan.skipped)).to(h.device)] = \
+            cache.pull(plan.skip_slots).to(h.device, h.dtype)
+    if plan.pushes:
+        cache.push(plan.push_slots, h[torch.from_numpy(np.flatnonzero(plan.push)).to(h.device)], t)
+    cache.stats["batches"] += 1
+    cache.stats["hits"] += plan.hits
+    cache.stats["pushes"] += plan.pushes
+    return model.layer(L - 1, blocks[-1], h)
