@@ -68,3 +68,22 @@ def setup_notebook(seed: int = 0):
 def savefig(fig, name: str):
     """Save a notebook figure as figures/<name>.png (name like '01_edge_cut')."""
     save_figure(fig, REPO / "figures" / f"{name}.png")
+
+
+def plot_sweep(logs: pd.DataFrame, summary: pd.DataFrame, param: str, metric="val_acc"):
+    """Two panels: accuracy against training time per value of `param`, and final accuracy vs `param`."""
+    import matplotlib.pyplot as plt
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    for value, log in logs.groupby(param, sort=True):
+        mean = log.groupby("step")[["wall_s", metric]].mean()
+        a.plot(mean["wall_s"], mean[metric], marker="o", ms=3, label=f"{param}={value}")
+    a.set_xlabel("training wall time (s)")
+    a.set_ylabel(metric.replace("_", " "))
+    a.set_title("time to accuracy")
+    a.legend(fontsize=8)
+    agg = summary.groupby(param)["test_at_best_val"].agg(["mean", "std"]).reset_index()
+    b.errorbar(agg[param].astype(str), agg["mean"], yerr=agg["std"].fillna(0), marker="o", capsize=3)
+    b.set_xlabel(param)
+    b.set_ylabel("test accuracy at best validation")
+    b.set_title(f"accuracy vs {param}")
+    return fig

@@ -1,0 +1,51 @@
+"""Sweeps: train the same configuration over values of one knob, and collect the results.
+
+The library call behind the notebooks' widgets (static-cache ratio, passes, staleness, ...):
+headless runs call `sweep` with the same arguments a widget would.
+"""
+from __future__ import annotations
+
+from dataclasses import fields, replace
+from pathlib import Path
+
+import pandas as pd
+
+from .config import TrainConfig
+from .errors import UserError
+from .train import train
+
+SUMMARY_COLUMNS = ["train_s", "epoch_s", "best_val_acc", "test_at_best_val", "final_val_acc",
+                   "final_test_acc", "time_to_target_s", "resident_bytes", "peak_rss", "history_hits"]
+
+
+def run_grid(base: TrainConfig, grid: dict, seeds=(0,), out_root="runs/sweep") -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Train `base` with every combination in `grid` ({field: [values]}) and every seed.
+
+    Returns (logs, summaries): every run's log.csv rows labelled by its settings, and one
+    row per run with its summary (time, accuracy, bytes read, stage seconds).
+    """
+    names = {f.name for f in fields(TrainConfig)}
+    bad = set(grid) - names
+    if bad:
+        raise UserError(f"unknown setting(s) {', '.join(sorted(bad))} to sweep; "
+                        f"TrainConfig has {', '.join(sorted(names))}")
+    combos = [{}]
+    for key, values in grid.items():
+        combos = [{**c, key: v} for c in combos for v in values]
+    logs, rows = [], []
+    for combo in combos:
+        for seed in seeds:
+            label = "-".join(f"{k}={v}" for k, v in combo.items()) or "base"
+            out = Path(out_root) / f"{base.policy}-{label}-s{seed}"
+            s = train(replace(base, **combo, seed=seed, out=str(out)))
+            settings = {"policy": base.policy, **combo, "seed": seed}
+            logs.append(s["log"].assign(**settings))
+            rows.append({**settings, **{k: s[k] for k in SUMMARY_COLUMNS},
+                         "bytes_read": s["io"]["bytes_read"],
+                         **{f"{k}_s": v for k, v in s["stage_s"].items()}})
+    return pd.concat(logs, ignore_index=True), pd.DataFrame(rows)
+
+
+def sweep(base: TrainConfig, param: str, values, seeds=(0,), out_root="runs/sweep"):
+    """One knob: `run_grid(base, {param: values}, seeds)`."""
+    return run_grid(base, {param: list(values)}, seeds, out_root)
