@@ -308,7 +308,7 @@ def load_ogb_raw(root, name=None, split="auto", feature_dir=None, chunk_rows=1_0
         del mm
         features = np.load(fpath, mmap_mode="r")
     except BaseException:
-        mm = None
+        mm = None  # noqa: F841  (close the memmap before removing its file)
         tmp.cleanup() if tmp else fpath.unlink(missing_ok=True)
         raise
     if tmp:

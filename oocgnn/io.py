@@ -1,29 +1,23 @@
-"""Feature readers: O_DIRECT (io_uring or a thread pool), mmap and in-memory, with exact I/O stats.
+"""Feature readers with exact I/O stats: one interface, three implementations.
 
-All readers share one interface (`read_rows`, `read_range`) and return identical rows. A feature
-file holds `num_rows` rows of `dim` items, `row_stride` bytes apart from `offset`; padding is ignored.
+All readers share `read_rows(ids)` / `read_range(lo, hi)` and return identical rows. A feature
+file holds `num_rows` rows of `dim` items, `row_stride` bytes apart from `offset`; padding is
+ignored. `DirectReader` (O_DIRECT, io_uring or a thread pool) lives in `oocgnn.direct`;
+`MmapReader` (the page-cache baseline) and `MemoryReader` live here with the shared pieces:
+`IOStats`, the row layout, and the request-planning rule the simulator also uses.
 """
 from __future__ import annotations
 
 import dataclasses
-import errno
-import math
 import mmap
 import os
 import resource
 import threading
 import time
-import warnings
-from concurrent.futures import ThreadPoolExecutor, wait as wait_futures
 
 import numpy as np
 
 from .errors import StoreError, UserError
-
-try:  # optional (pinned in requirements.txt): without it DirectReader uses its thread pool
-    import liburing as _L
-except ImportError:  # pragma: no cover - depends on the environment
-    _L = None
 
 PAGE = 4096
 MAX_REQUEST = 128 * 1024     # DirectReader: bytes per coalesced row request
@@ -79,15 +73,6 @@ class IOStats:
     def delta(self, before: "IOStats") -> "IOStats":
         """Stats accumulated since `before = stats.snapshot()`."""
         return self - before
-
-
-def _anon(nbytes: int) -> mmap.mmap:
-    """Page-aligned anonymous memory for O_DIRECT. Private, so that transparent huge pages apply
-    (shared anonymous memory is shmem): 4 KiB first-touch faults halve read throughput on this VM."""
-    buf = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    if nbytes >= 4 << 20 and hasattr(mmap, "MADV_HUGEPAGE"):
-        buf.madvise(mmap.MADV_HUGEPAGE)
-    return buf
 
 
 class FeatureReader:
@@ -176,264 +161,6 @@ class FeatureReader:
     def __repr__(self):
         return (f"{type(self).__name__}({self.path!r}, num_rows={self.num_rows}, dim={self.dim}, "
                 f"row_stride={self.row_stride}, dtype={self.dtype.name})")
-
-
-class DirectReader(FeatureReader):
-    """O_DIRECT reads: ids are sorted, rows on the same or adjacent pages coalesced into one request
-    (at most `max_request` bytes, or one row if larger), many requests in flight.
-
-    backend "uring" uses liburing from the calling thread with up to `queue_depth` in flight;
-    "threads" uses a persistent pool of `threads` workers calling os.preadv, which releases the GIL.
-    "auto" picks uring if it imports and a self-test read matches preadv. Where O_DIRECT is refused
-    (EINVAL) it warns once and reads buffered (`direct=False`), dropping the page cache after each call.
-    `buffer_bytes` bounds the persistent read buffer; larger calls are read in chunks.
-    """
-    kind = "direct"
-
-    def __init__(self, path, num_rows, dim, row_stride=None, dtype=np.float32, offset=0, *,
-                 threads=16, backend="auto", max_request=MAX_REQUEST, queue_depth=64,
-                 range_request=RANGE_REQUEST, range_depth=2, buffer_bytes=64 << 20):
-        super().__init__(path, num_rows, dim, row_stride, dtype, offset)
-        if backend not in ("auto", "threads", "uring"):
-            raise UserError(f"unknown backend {backend!r}: use auto, threads or uring")
-        self.threads, self.queue_depth = max(1, int(threads)), max(1, int(queue_depth))
-        self.max_request = max(PAGE, int(max_request) // PAGE * PAGE)
-        self.range_request = max(PAGE, int(range_request) // PAGE * PAGE)
-        self.range_depth = max(1, int(range_depth))
-        self._size = self._file_size()
-        self._buf_pages = max(1, int(buffer_bytes) // PAGE)
-        self._buf = self._mv = self._pool = self._ring = self._efd = self._fd = None
-        # every row starts at a multiple of `slot` inside a page-aligned buffer, so a strided view
-        # with this slot size addresses all rows and extraction is one fancy-index gather
-        self._slot = math.gcd(PAGE, self.row_stride, self.offset)
-        # rows tiling whole pages: the request cap is a multiple of a row, never splitting one
-        self._row_pages = self.row_stride // PAGE if self.row_stride % PAGE == 0 == self.offset % PAGE else 1
-        self.direct = True
-        try:
-            self._fd = os.open(self.path, os.O_RDONLY | os.O_DIRECT)
-            self._ensure(2 * PAGE)
-            os.preadv(self._fd, [self._mv[:PAGE]], 0)  # some file systems refuse only the read
-        except OSError as e:
-            if e.errno != errno.EINVAL:
-                raise
-            if self._fd is not None:
-                os.close(self._fd)
-            self.direct = False
-            warnings.warn(f"O_DIRECT is not supported for {self.path}; reading buffered and dropping "
-                          "the page cache after each call", RuntimeWarning, stacklevel=2)
-            self._fd = os.open(self.path, os.O_RDONLY)
-            os.posix_fadvise(self._fd, 0, 0, os.POSIX_FADV_RANDOM)  # no read-ahead: honest counts
-        self.backend = "threads"
-        if backend != "threads":
-            err = self._init_uring()
-            if err is None:
-                self.backend = "uring"
-            elif backend == "uring":
-                raise UserError(f"io_uring backend unavailable: {err}")
-
-    def _init_uring(self):
-        """Set up the ring and check one read against preadv; returns None or why it failed."""
-        if _L is None:
-            return "liburing is not installed"
-        try:
-            self._ring, self._cqe = _L.Ring(), _L.Cqe()
-            _L.io_uring_queue_init(self.queue_depth, self._ring)
-        except Exception as e:  # no io_uring in this kernel, seccomp, ...
-            self._ring = None
-            return f"io_uring_queue_init failed: {e}"
-        try:
-            # completions are awaited with os.read on an eventfd, which releases the GIL; the
-            # binding's io_uring_wait_* calls hold it and would stall every other Python thread
-            self._efd = os.eventfd(0, os.EFD_CLOEXEC)
-            _L.io_uring_register_eventfd(self._ring, self._efd)
-            n = os.preadv(self._fd, [self._mv[:PAGE]], 0)
-            self._uring([0], [PAGE], [PAGE], self._mv, 1)
-            if self._mv[:n] != self._mv[PAGE:PAGE + n]:
-                raise OSError("io_uring read returned other bytes than preadv")
-        except Exception as e:
-            self._close_ring()
-            return f"self-test failed: {e}"
-        return None
-
-    def _close_ring(self):
-        if self._ring is not None:
-            _L.io_uring_queue_exit(self._ring)
-            self._ring = None
-        if self._efd is not None:
-            os.close(self._efd)
-            self._efd = None
-
-    def _ensure(self, nbytes: int) -> None:
-        """Persistent page-aligned buffer (an anonymous mmap: only touched pages use RAM)."""
-        if self._buf is None or len(self._buf) < nbytes:
-            self._mv = self._iov = None  # cached Iovecs point into the old buffer
-            self._buf = _anon(max(nbytes, self._buf_pages * PAGE))
-            self._mv = memoryview(self._buf)
-            self._iov = [None] * (len(self._buf) // PAGE)
-
-    def _issue(self, offs, lens, bofs, mv, depth):
-        """Read lens[i] bytes at file offset offs[i] into mv[bofs[i]:], up to `depth` in flight."""
-        if self._ring is not None:
-            return self._uring(offs, lens, bofs, mv, min(depth, self.queue_depth))
-        k = min(depth, self.threads, len(offs))
-        if k <= 1:
-            return self._worker(offs, lens, bofs, mv)
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="oocgnn-io")
-        # interleaved shares: each worker walks the file in order (sequential for ranges)
-        futs = [self._pool.submit(self._worker, offs[w::k], lens[w::k], bofs[w::k], mv) for w in range(k)]
-        wait_futures(futs)  # all done before any error is raised: no read lands after we return
-        for f in futs:
-            f.result()
-
-    def _worker(self, offs, lens, bofs, mv):
-        fd, preadv = self._fd, os.preadv
-        for off, ln, bo in zip(offs, lens, bofs):
-            got = preadv(fd, [mv[bo:bo + ln]], off)
-            if got != ln:
-                self._finish(off, ln, bo, mv, got)
-
-    def _finish(self, off, ln, bo, mv, got):
-        """Complete a short read; only the end of the file may legitimately be short."""
-        end = min(ln, self._size - off)
-        while got < end:
-            n = os.preadv(self._fd, [mv[bo + got:bo + ln]], off + got)
-            if n <= 0:
-                raise OSError(errno.EIO, f"short read at offset {off + got} of {self.path}")
-            got += n
-
-    def _uring(self, offs, lens, bofs, mv, depth):
-        L, ring, cqe, fd, efd = _L, self._ring, self._cqe, self._fd, self._efd
-        get_sqe, prep, set_data, Iovec = L.io_uring_get_sqe, L.io_uring_prep_readv, L.io_uring_sqe_set_data64, L.Iovec
-        wait, seen, ready = L.io_uring_wait_cqe, L.io_uring_cqe_seen, L.io_uring_cq_ready
-        cache = self._iov if mv is self._mv else None  # one-page Iovecs are reused: building one costs ~1 us
-        n, sub, done, inflight = len(offs), 0, 0, 0
-        keep, short, err = {}, [], None  # an Iovec holds raw pointers only: keep it alive while in flight
-        try:
-            while done < n:
-                while sub < n and inflight < depth:
-                    bo, ln = bofs[sub], lens[sub]
-                    if cache is not None and ln == PAGE:
-                        iov = cache[bo // PAGE]
-                        if iov is None:
-                            iov = cache[bo // PAGE] = Iovec([mv[bo:bo + PAGE]])
-                    else:
-                        iov = keep[sub] = Iovec([mv[bo:bo + ln]])
-                    sqe = get_sqe(ring)
-                    prep(sqe, fd, iov, offs[sub])
-                    set_data(sqe, sub)
-                    sub += 1
-                    inflight += 1
-                L.io_uring_submit(ring)
-                while not ready(ring):
-                    os.read(efd, 8)  # wakes at the first completion; more arrive while we reap
-                for _ in range(ready(ring)):
-                    wait(ring, cqe)  # the binding's cqe[j>0] is unreliable: one at a time via cqe[0]
-                    c = cqe[0]
-                    res, i = c.res, c.user_data
-                    seen(ring, c)
-                    inflight -= 1
-                    done += 1
-                    if res != lens[i]:
-                        if res < 0:
-                            err = err or OSError(-res, f"{os.strerror(-res)} reading {self.path} at {offs[i]}")
-                        else:
-                            short.append((i, res))
-        finally:
-            while inflight:  # interrupted: drain, so no stale completion reaches the next call
-                L.io_uring_submit_and_wait(ring, 1)
-                for _ in range(ready(ring)):
-                    wait(ring, cqe)
-                    seen(ring, cqe[0])
-                    inflight -= 1
-        if err is not None:
-            raise err
-        for i, res in short:
-            self._finish(offs[i], lens[i], bofs[i], mv, res)
-
-    def _done_call(self):
-        if not self.direct:  # keep the buffered fallback honest: nothing stays cached
-            os.posix_fadvise(self._fd, 0, 0, os.POSIX_FADV_DONTNEED)
-
-    def _read_rows(self, ids):
-        n = len(ids)
-        if n == 0:
-            self._count(0, 0, 0, 0)
-            return np.empty((0, self.dim), self.dtype)
-        order = np.argsort(ids, kind="stable")
-        s = ids[order]
-        newu = np.empty(n, bool)
-        newu[0] = True
-        np.not_equal(s[1:], s[:-1], out=newu[1:])
-        ustart = np.flatnonzero(newu)          # sorted position of each distinct row's first copy
-        uid = np.cumsum(newu) - 1              # distinct-row index of each sorted position
-        nu = len(ustart)
-        pos, first, last = self._page_spans(s[ustart])
-        brk = request_breaks(first, last, self._row_pages, self.max_request)
-        rstart = np.flatnonzero(brk)           # first distinct row of each request
-        rfirst = first[rstart]
-        rpages = last[np.append(rstart[1:], nu) - 1] - rfirst + 1
-        rend = np.cumsum(rpages)               # request end page in one virtual buffer
-        rbuf = rend - rpages
-        ubyte = (rbuf - rfirst)[np.cumsum(brk) - 1] * PAGE + pos  # each distinct row's byte in it
-        nreq = len(rstart)
-        self._count(n, nu, nreq, int(rend[-1]))
-        slot, isz, out, i = self._slot, self.dtype.itemsize, None, 0
-        while i < nreq:  # chunks of requests that fit the persistent buffer
-            base = int(rbuf[i])
-            j = max(i + 1, int(np.searchsorted(rend, base + self._buf_pages, "right")))
-            nbytes = int(rend[j - 1] - base) * PAGE
-            self._ensure(nbytes)
-            self._issue((rfirst[i:j] * PAGE).tolist(), (rpages[i:j] * PAGE).tolist(),
-                        ((rbuf[i:j] - base) * PAGE).tolist(), self._mv, 1 << 30)
-            view = np.lib.stride_tricks.as_strided(
-                np.frombuffer(self._buf, self.dtype, nbytes // isz),
-                ((nbytes - self.row_bytes) // slot + 1, self.dim), (slot, isz), writeable=False)
-            if i == 0 and j == nreq:           # one chunk: one gather in requested order
-                inv = np.empty(n, np.int64)
-                inv[order] = uid
-                out = view[(ubyte - base * PAGE)[inv] // slot]
-            else:                              # several: scatter each chunk's rows into place
-                if out is None:
-                    out = np.empty((n, self.dim), self.dtype)
-                a, b = ustart[rstart[i]], (ustart[rstart[j]] if j < nreq else n)
-                out[order[a:b]] = view[(ubyte[uid[a:b]] - base * PAGE) // slot]
-            i = j
-        self._done_call()
-        return out
-
-    def _read_range(self, lo, hi):
-        n = hi - lo
-        if n == 0:
-            self._count(0, 0, 0, 0)
-            return np.empty((0, self.dim), self.dtype)
-        start = self.offset + lo * self.row_stride
-        p0, p1 = start // PAGE, (self.offset + (hi - 1) * self.row_stride + self.row_bytes - 1) // PAGE + 1
-        offs = list(range(p0 * PAGE, p1 * PAGE, self.range_request))
-        self._count(n, n, len(offs), p1 - p0)      # len(offs) == range_requests(p1 - p0)
-        buf = _anon((p1 - p0) * PAGE)  # fresh: for unpadded rows it IS the result (no copy)
-        self._issue(offs, [min(self.range_request, p1 * PAGE - o) for o in offs],
-                    [o - p0 * PAGE for o in offs], memoryview(buf), self.range_depth)
-        self._done_call()
-        a = np.ndarray((n, self.dim), self.dtype, buffer=buf, offset=start - p0 * PAGE,
-                       strides=(self.row_stride, self.dtype.itemsize))
-        return a if self.row_stride == self.row_bytes else np.ascontiguousarray(a)
-
-    def close(self) -> None:
-        if self.closed:
-            return
-        super().close()
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-        self._close_ring()
-        os.close(self._fd)
-        self._mv = self._iov = self._buf = None
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
 
 
 def request_breaks(first, last, row_pages=1, max_request=MAX_REQUEST) -> np.ndarray:
@@ -565,6 +292,8 @@ class MemoryReader(FeatureReader):
         super().close()
         self.data = None
 
+
+from .direct import DirectReader  # noqa: E402  (it builds on FeatureReader above; see oocgnn/__init__)
 
 READERS = {"direct": DirectReader, "mmap": MmapReader, "memory": MemoryReader}
 

@@ -10,7 +10,6 @@ replace some of its input rows (OUTRE's historical embeddings of layer L−1) an
 from __future__ import annotations
 
 import dgl.nn as dglnn
-import torch
 import torch.nn as nn
 import torch.nn.functional as F
 

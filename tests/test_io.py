@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from oocgnn import io as oio
+from oocgnn import direct as odirect, io as oio
 from oocgnn.errors import StoreError, UserError
 from oocgnn.io import (PAGE, READERS, DirectReader, IOStats, MemoryReader, MmapReader,
                        feature_row_stride, open_reader)
 
-BACKENDS = ["threads"] + (["uring"] if oio._L is not None else [])
+BACKENDS = ["threads"] + (["uring"] if odirect._L is not None else [])
 
 
 def write_features(path, n, dim, seed=0, stride=None, offset=0):
