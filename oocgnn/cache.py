@@ -458,7 +458,7 @@ CACHE_POLICIES = {c.name: c for c in (DegreeCache, FrequencyCache, LRUCache, FIF
                                       S3FIFOCache, RandomCache, BeladyCache, PageLRUCache)}
 
 
-def make_policy(name, capacity, num_nodes, **kw) -> CachePolicy:
+def make_cache(name, capacity, num_nodes, **kw) -> CachePolicy:
     if name not in CACHE_POLICIES:
         raise UserError(f"unknown cache policy {name!r}; choose from {', '.join(CACHE_POLICIES)}")
     return CACHE_POLICIES[name](capacity, num_nodes, **kw)

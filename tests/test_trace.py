@@ -1,0 +1,110 @@
+"""Traces: CSR invariants, page counts, unions, save/load round trips, the parameter-keyed cache."""
+import numpy as np
+import pytest
+
+from oocgnn.errors import UserError
+from oocgnn.io import PAGE
+from oocgnn.trace import Trace, cached_trace, count_pages, record_trace, synthetic_trace, trace_key
+
+
+def _batches(seed=0, n=50, t=12):
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, n, rng.integers(0, 20)) for _ in range(t)]   # duplicates, empty ones
+
+
+def test_from_batches_is_unique_sorted_csr():
+    b = _batches()
+    tr = Trace.from_batches(b, 50, params={"a": 1})
+    assert len(tr) == len(b) and tr.offsets[0] == 0 and tr.offsets[-1] == len(tr.ids) == tr.accesses
+    assert tr.ids.dtype == np.int32
+    for i, ids in enumerate(tr.iterations()):
+        assert np.array_equal(ids, np.unique(b[i]))
+    assert np.array_equal(tr[-1], np.unique(b[-1]))
+    assert np.array_equal(tr.counts(), np.bincount(np.concatenate([np.unique(x) for x in b]), minlength=50))
+    assert np.array_equal(tr.sizes(), [len(np.unique(x)) for x in b])
+    with pytest.raises(UserError):
+        Trace.from_batches([[0, 50]], 50)
+    with pytest.raises(UserError):
+        Trace([0, 3, 2], [1, 2, 3], 5)
+
+
+@pytest.mark.parametrize("stride,rbytes", [(64, 64), (512, 512), (512, 300), (4096, 4096), (8192, 5000), (3072, 3072)])
+def test_pages_match_brute_force(stride, rbytes):
+    tr = Trace.from_batches(_batches(1, n=200), 200, row_stride=stride, row_bytes=rbytes)
+    for i, ids in enumerate(tr.iterations()):
+        want = {p for v in ids for p in range(v * stride // PAGE, (v * stride + rbytes - 1) // PAGE + 1)}
+        assert tr.pages()[i] == len(want)
+        assert count_pages(ids[::-1], stride, rbytes) == len(want)
+
+
+@pytest.mark.parametrize("k", [1, 2, 5, 12, 100])
+def test_coarsen_is_union_of_k_iterations(k):
+    tr = Trace.from_batches(_batches(2), 50)
+    mb = tr.coarsen(k)
+    assert len(mb) == -(-len(tr) // k) and mb.params["macrobatch"] == k
+    for j, ids in enumerate(mb.iterations()):
+        want = np.unique(np.concatenate([tr[i] for i in range(j * k, min(len(tr), (j + 1) * k))]))
+        assert np.array_equal(ids, want)
+    with pytest.raises(UserError):
+        tr.coarsen(0)
+
+
+def test_slice_and_streams():
+    b = _batches(3)
+    tr = Trace.from_batches(b, 50, neighbours=[x[:3] for x in b])
+    s = tr.slice(3, 7)
+    assert len(s) == 4 and all(np.array_equal(s[i], tr[3 + i]) for i in range(4))
+    nb = tr.stream("neighbours")
+    assert len(nb) == len(tr) and np.array_equal(nb[5], np.unique(b[5][:3]))
+    assert tr.stream("features") is tr
+    with pytest.raises(UserError):
+        Trace.from_batches(b, 50).stream("neighbours")
+
+
+@pytest.mark.parametrize("fmt", ["x.npz", "x_dir"])
+def test_save_load_round_trip(tmp_path, fmt):
+    b = _batches(4)
+    tr = Trace.from_batches(b, 50, params={"seed": 4, "fanouts": [10, 5]}, row_stride=1024, row_bytes=800,
+                            neighbours=b[::-1])
+    tr.save(tmp_path / fmt)
+    back = Trace.load(tmp_path / fmt)
+    assert (back.num_nodes, back.params, back.row_stride, back.row_bytes) == (50, tr.params, 1024, 800)
+    assert np.array_equal(back.offsets, tr.offsets) and np.array_equal(back.ids, tr.ids)
+    assert back.ids.dtype == tr.ids.dtype
+    for name in ("features", "neighbours"):
+        a, c = tr.stream(name), back.stream(name)
+        assert all(np.array_equal(a[i], c[i]) for i in range(len(a)))
+    with pytest.raises(UserError):
+        Trace.load(tmp_path / "missing")
+
+
+@pytest.mark.parametrize("fmt", ["npz", "dir"])
+def test_cached_trace_builds_once_per_key(tmp_path, fmt):
+    calls = []
+
+    def build(seed):
+        calls.append(seed)
+        return synthetic_trace(100, 6, 10, seed=seed)
+    a = cached_trace({"name": "z", "seed": 1}, tmp_path, lambda: build(1), fmt=fmt)
+    b = cached_trace({"seed": 1, "name": "z"}, tmp_path, lambda: build(1), fmt=fmt)   # same key, any order
+    c = cached_trace({"name": "z", "seed": 2}, tmp_path, lambda: build(2), fmt=fmt)
+    assert calls == [1, 2] and not a.cached and b.cached and not c.cached
+    assert np.array_equal(a.ids, b.ids) and not np.array_equal(a.ids, c.ids)
+    assert b.params == {"name": "z", "seed": 1} and len(list(tmp_path.iterdir())) == 2
+    assert any(trace_key({"name": "z", "seed": 1}) in p.name for p in tmp_path.iterdir())
+    cached_trace({"name": "z", "seed": 1}, False, lambda: build(1))
+    assert calls == [1, 2, 1]
+
+
+def test_synthetic_trace_is_seeded_and_skewed():
+    a, b = synthetic_trace(1000, 20, 50, alpha=1.0, seed=3), synthetic_trace(1000, 20, 50, alpha=1.0, seed=3)
+    assert np.array_equal(a.ids, b.ids) and np.all(a.sizes() == 50)
+    assert all(np.all(np.diff(ids) > 0) for ids in a.iterations())
+    counts = np.sort(a.counts())[::-1]
+    assert counts[:10].sum() > 5 * counts[500:510].sum()      # popular ids recur
+    assert not np.array_equal(a.ids, synthetic_trace(1000, 20, 50, alpha=1.0, seed=4).ids)
+
+
+def test_record_trace_is_a_hook():
+    with pytest.raises(NotImplementedError):
+        record_trace(None, None, [10, 10])
