@@ -16,7 +16,16 @@ import torch.nn.functional as F
 from .errors import UserError
 
 
-class SAGE(nn.Module):
+class BlockModel(nn.Module):
+    """A stack of message-passing layers; subclasses define `layer(i, block, h)`."""
+
+    def forward(self, blocks, x):
+        for i, block in enumerate(blocks):
+            x = self.layer(i, block, x)
+        return x
+
+
+class SAGE(BlockModel):
     """GraphSAGE with mean aggregation (Hamilton et al. 2017), as in DGL's example."""
 
     def __init__(self, in_dim, hidden, out_dim, num_layers=2, dropout=0.5):
@@ -29,13 +38,8 @@ class SAGE(nn.Module):
         h = self.layers[i](block, (h, h[:block.num_dst_nodes()]))
         return self.dropout(F.relu(h)) if i < len(self.layers) - 1 else h
 
-    def forward(self, blocks, x):
-        for i, block in enumerate(blocks):
-            x = self.layer(i, block, x)
-        return x
 
-
-class GAT(nn.Module):
+class GAT(BlockModel):
     """Graph attention (Veličković et al. 2018): `heads` heads per hidden layer, 1 at the output."""
 
     def __init__(self, in_dim, hidden, out_dim, num_layers=2, dropout=0.5, heads=4):
@@ -53,13 +57,8 @@ class GAT(nn.Module):
         h = self.layers[i](block, (h, h[:block.num_dst_nodes()]))
         return self.dropout(F.elu(h.flatten(1))) if i < len(self.layers) - 1 else h.mean(1)
 
-    def forward(self, blocks, x):
-        for i, block in enumerate(blocks):
-            x = self.layer(i, block, x)
-        return x
 
-
-class GIN(nn.Module):
+class GIN(BlockModel):
     """Graph isomorphism network (Xu et al. 2019): sum aggregation, a 2-layer MLP per layer."""
 
     def __init__(self, in_dim, hidden, out_dim, num_layers=2, dropout=0.5):
@@ -76,11 +75,6 @@ class GIN(nn.Module):
     def layer(self, i, block, h):
         h = self.dropout(F.relu(self.norms[i](self.layers[i](block, (h, h[:block.num_dst_nodes()])))))
         return self.head(h) if i == len(self.layers) - 1 else h
-
-    def forward(self, blocks, x):
-        for i, block in enumerate(blocks):
-            x = self.layer(i, block, x)
-        return x
 
 
 class MLP(nn.Module):
