@@ -429,3 +429,26 @@ def partition(source, method, parts, seed=0, balance_train=True, passes=1, cache
         np.savez(tmp, assignment=assignment, report=json.dumps(row))
         os.replace(tmp, path)
     return assignment, pd.DataFrame([{**row, "cached": False}])
+
+
+def partitioned_store(data, path, method="metis", parts=256, seed=0, **kw):
+    """Open the partition-ordered store at `path` if it holds `data` partitioned this way, else write it.
+
+    The store's meta records the partition (method, parts, seed) and the source's fingerprint,
+    so a store left by another run of another graph is rewritten, never reused by mistake.
+    """
+    from .store import open_store, write_store
+    from .errors import StoreError
+    want = {"method": method, "parts": int(parts), "seed": int(seed),
+            "fingerprint": CSRSource.of(data).fingerprint()}
+    try:
+        store = open_store(path, verify=False)
+        if store.meta.get("source", {}).get("partition_key") == want:
+            return store
+    except StoreError:
+        pass
+    assignment, report = partition(data, method, parts, seed=seed, **kw)
+    order, offsets = order_from_assignment(assignment, parts)
+    data.info = {**data.info, "partition_key": want}
+    return write_store(data, path, order=order, part_offsets=offsets, partitioner=method,
+                       force=True, progress=False)

@@ -261,3 +261,15 @@ def test_cli_bad_partitioner_or_parts_exit_2(args, msg, tmp_path, capsys):
     err = capsys.readouterr().err
     assert msg in err and err.count("\n") == 1 and "Traceback" not in err
     assert not (tmp_path / "s").exists()
+
+
+def test_partitioned_store_is_reused_only_when_it_matches(tmp_path, tiny_data, monkeypatch):
+    from oocgnn import partition as P
+    s = P.partitioned_store(tiny_data, tmp_path / "s", "fennel", 8, cache_dir=False)
+    assert s.num_parts == 8 and s.meta["partitioner"] == "fennel"
+    monkeypatch.setattr(P, "write_store", None, raising=False)        # a rewrite would fail below
+    calls = []
+    monkeypatch.setattr(P, "partition", lambda *a, **k: calls.append(a) or (_ for _ in ()).throw(AssertionError))
+    assert P.partitioned_store(tiny_data, tmp_path / "s", "fennel", 8).num_parts == 8 and not calls
+    monkeypatch.undo()
+    assert P.partitioned_store(tiny_data, tmp_path / "s", "fennel", 4, cache_dir=False).num_parts == 4
