@@ -93,3 +93,17 @@ def test_outre_history_reuses_and_saves_reads(parted, tmp_path):
     assert fresh["memory"]["history"] == never["memory"]["history"] > 0
     # the histories' bytes come out of the feature cache's share of the budget
     assert fresh["resident_bytes"] <= 1_000_000
+
+
+@pytest.mark.slow
+def test_executed_io_equals_simulated_on_small(tmp_path):
+    """The same agreement on the 200K-node graph, for both out-of-core policies."""
+    from oocgnn.partition import partitioned_store
+    from oocgnn.synthetic import generate
+    store = partitioned_store(generate("small"), tmp_path / "small", "fennel", 128, cache_dir=False)
+    for policy, kw in (("hierbatching", {"parts_per_megabatch": 16}),
+                       ("outre", {"history_ratio": 0.0, "memory_budget": "20MB"})):
+        cfg = _cfg(store, tmp_path, policy=policy, batch_size=1024, **kw)
+        executed, sim = train(cfg)["io"], _simulated(store, cfg)
+        assert executed["pages"] == sim["feature_pages_read"] + sim["load_feature_pages"]
+        assert executed["requests"] == sim["feature_requests"] + sim["load_feature_requests"]
