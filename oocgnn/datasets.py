@@ -62,6 +62,19 @@ class GraphData:
     def degrees(self) -> np.ndarray:
         return np.diff(self.indptr)
 
+    def resplit(self, train_frac, val_frac, seed=0) -> "GraphData":
+        """A copy with seeded random train/val splits over the labelled nodes, the rest as test
+        (the 10/10/80 splits the HierBatching digest uses for small real graphs)."""
+        import dataclasses
+        labelled = np.flatnonzero(np.asarray(self.labels) >= 0)
+        perm = np.random.default_rng(seed).permutation(labelled)
+        a, b = int(train_frac * len(perm)), int((train_frac + val_frac) * len(perm))
+        if not 0 < a < b < len(perm):
+            raise UserError(f"bad split fractions train={train_frac} val={val_frac} for {len(perm)} nodes")
+        return dataclasses.replace(self, train_idx=np.sort(perm[:a]), val_idx=np.sort(perm[a:b]),
+                                   test_idx=np.sort(perm[b:]),
+                                   info={**self.info, "split": f"random {train_frac}/{val_frac} seed {seed}"})
+
 
 def index_dtype(num_nodes: int):
     """int32 neighbour ids while they fit, int64 beyond (DESIGN: indices.bin)."""

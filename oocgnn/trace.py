@@ -181,6 +181,24 @@ class Trace:
         offs, ids = _unions(self.offsets.astype(np.int64), self.ids, int(k), self.num_nodes)
         return self._like(offs, ids, macrobatch=int(k))
 
+    def relabel(self, new_of_old, row_stride=None, row_bytes=None) -> "Trace":
+        """The same accesses in another store order: id v becomes new_of_old[v] (a permutation),
+        each iteration re-sorted; optionally on another layout. Isolates layout from demand."""
+        new_of_old = np.asarray(new_of_old)
+        if new_of_old.shape != (self.num_nodes,):
+            raise UserError(f"relabel needs a permutation of {self.num_nodes} ids, got shape {new_of_old.shape}")
+
+        def remap(offsets, ids):
+            seg = np.repeat(np.arange(len(offsets) - 1, dtype=np.int64), np.diff(offsets))
+            key = seg * self.num_nodes + new_of_old[ids]          # sort within each iteration
+            key.sort()
+            return offsets, (key - seg * self.num_nodes).astype(ids.dtype)
+        if row_stride is None:
+            row_stride, row_bytes = self.row_stride, row_bytes or self.row_bytes
+        streams = {name: remap(*st) for name, st in self.streams.items()}
+        return Trace(*remap(self.offsets, self.ids), self.num_nodes, {**self.params, "relabelled": True},
+                     row_stride, row_bytes, streams)
+
     def meta(self) -> dict:
         return {"num_nodes": self.num_nodes, "params": self.params, "row_stride": self.row_stride,
                 "row_bytes": self.row_bytes, "streams": ["features", *self.streams]}
@@ -262,10 +280,55 @@ def synthetic_trace(num_nodes, iterations, size, alpha=0.9, seed=0, row_stride=D
     return Trace(np.arange(iterations + 1, dtype=np.int64) * size, ids, num_nodes, params, row_stride)
 
 
-def record_trace(store, schedule, fanouts, **params) -> Trace:
-    """Hook for the executor: sample every mini-batch of `schedule` over `store` with `fanouts`,
-    keep each batch's unique input-feature ids (and the ids whose neighbour lists were read) and
-    return `cached_trace({...params}, build_fn=lambda: Trace.from_batches(feats, N, ..., neighbours=nbrs))`.
+def store_fingerprint(store) -> dict:
+    """What identifies a store's content for a trace: sizes, layout and the CRC32 of every file but
+    features.bin (topology, splits and parts decide the batches; feature values and the path do not,
+    so a trace survives a move or a rewrite of the same graph)."""
+    files = store.meta.get("files", {})
+    return {"name": store.meta.get("name"), "num_nodes": store.num_nodes, "num_edges": store.num_edges,
+            "row_stride": store.row_stride, "row_bytes": store.row_bytes,
+            "crc32": {k: v["crc32"] for k, v in sorted(files.items()) if k != "features.bin"}}
+
+
+def record_trace(store, schedule, fanouts, epochs=1, seed=0, cache_dir=None, progress=False, g=None,
+                 fmt=None, **schedule_params) -> Trace:
+    """The access trace of `epochs` epochs of `schedule` over `store`, recorded once and cached.
+
+    Replays the schedule exactly as `oocgnn.simulate.simulate` does (same `sample_blocks`,
+    `batch_seed(seed, epoch, b)`; a schedule given by name gets `seed` and `schedule_params`):
+    iteration i is the i-th batch of the run; "features" holds its unique input ids
+    (blocks[0] srcdata NID, simulate's `input_nodes`), "neighbours" the nodes whose neighbour
+    lists it expanded (blocks[0] dstdata NID, `neighbour_lists_needed`). Demand only: what a
+    schedule keeps resident is not subtracted. Keyed by the store's content
+    (`store_fingerprint`), the schedule's repr, fanouts, epochs and seed in `cache_dir`
+    (default data/traces; False = no cache). fmt: "npz", or "dir" (memory-mapped; the default
+    from 1M nodes on).
     """
-    raise NotImplementedError("record_trace needs the schedule/sampler API; until then build traces "
-                              "with Trace.from_batches(...) inside cached_trace(...)")
+    import dgl
+    from tqdm.auto import tqdm
+
+    from .schedules import batch_seed, make_schedule, sample_blocks
+    fanouts = [int(f) for f in fanouts]
+    if isinstance(schedule, str):
+        schedule = make_schedule(schedule, store, **({"seed": seed} | schedule_params))
+    elif schedule_params:
+        raise UserError("schedule parameters go with a schedule name, not a Schedule object")
+    key = {"name": f"{store.meta.get('name', 'store')}-{schedule.name}", "store": store_fingerprint(store),
+           "schedule": repr(schedule), "fanouts": fanouts, "epochs": int(epochs), "seed": int(seed)}
+
+    def build():
+        graph = store.graph() if g is None else g
+        feats, nbrs = [], []
+        bar = tqdm(desc=f"trace {schedule.name}", unit="batch", disable=not progress, leave=False)
+        for epoch in range(int(epochs)):
+            for b, step in enumerate(schedule.epoch(epoch)):
+                blocks = sample_blocks(graph, step.seeds, fanouts, step.visible,
+                                       seed=batch_seed(seed, epoch, b))[2]
+                feats.append(blocks[0].srcdata[dgl.NID].numpy())
+                nbrs.append(blocks[0].dstdata[dgl.NID].numpy())   # ⊇ every later block's dst
+                bar.update()
+        bar.close()
+        return Trace.from_batches(feats, store.num_nodes, row_stride=store.row_stride,
+                                  row_bytes=store.row_bytes, neighbours=nbrs)
+    fmt = fmt or ("dir" if store.num_nodes >= 1_000_000 else "npz")
+    return cached_trace(key, cache_dir, build, fmt=fmt)

@@ -1,5 +1,7 @@
 """Accuracy acceptance: the synthetic graph is learnable but not trivial; real graphs reach
 their published in-memory GraphSAGE accuracy. Slow (about a minute each)."""
+import os
+
 import numpy as np
 import pytest
 
@@ -15,8 +17,9 @@ pytestmark = pytest.mark.slow
 
 
 def _test_acc(store_path, tmp_path, seed=0, **kw):
+    kw = {"max_eval_nodes": 0, **kw}
     cfg = TrainConfig(store=str(store_path), out=str(tmp_path / f"run-{kw.get('model', 'sage')}-{seed}"),
-                      seed=seed, progress=False, max_eval_nodes=0, **kw)
+                      seed=seed, progress=False, **kw)
     return train(cfg)["test_at_best_val"]
 
 
@@ -49,3 +52,52 @@ def test_amazon_photo(tmp_path):
     accs = [_test_acc(path, tmp_path, seed=s, epochs=60, batch_size=64, lr=0.005,
                       eval_fanouts=FULL_EVAL) for s in range(3)]
     assert np.mean(accs) >= 0.88, accs
+
+
+# -- out-of-core policies against the in-memory baseline (the executor's accuracy oracle) ------
+
+def _partitioned(data, path, parts):
+    from oocgnn.partition import partitioned_store
+    return partitioned_store(data, path, "metis", parts).path
+
+
+OOC = {"hierbatching": {"static_ratio": 0.01, "passes": 2.0},
+       "outre": {"history_ratio": 0.1, "staleness": 100}}
+
+
+def test_out_of_core_matches_inmemory_on_small(tmp_path):
+    """HierBatching (r_s = 0.01, p = 2) and OUTRE reach in-memory accuracy within 1 point."""
+    path = _partitioned(generate("small"), tmp_path / "small", 256)
+    kw = dict(epochs=5, memory_budget="64MB", parts_per_megabatch=32, max_eval_nodes=5000)
+    base = _test_acc(path, tmp_path, policy="inmemory", **kw)
+    for policy, knobs in OOC.items():
+        acc = _test_acc(path, tmp_path / policy, policy=policy, **kw, **knobs)
+        assert abs(acc - base) <= 0.01, (policy, acc, base)
+
+
+def _ooc_real(name, tmp_path, epochs):
+    """Means of 3 seeds on a seeded random 10/10/80 split (the HierBatching digest's protocol for
+    small real graphs: the 20-per-class split is too small for mega-batch statistics)."""
+    data = load_npz(shared_dataset(name)).resplit(0.1, 0.1, seed=0)
+    path = _partitioned(data, tmp_path / name, 64)
+    kw = dict(epochs=epochs, batch_size=256, lr=0.005, memory_budget="1GB", eval_batch_size=256,
+              max_eval_nodes=3000)
+    knobs = {"inmemory": {}, "hierbatching": {**OOC["hierbatching"], "parts_per_megabatch": 8},
+             # ~3 iterations per epoch here: a staleness of 2 is OUTRE's 100-of-1500 in spirit
+             "outre": {**OOC["outre"], "parts_per_macro": 32, "staleness": 2}}
+    return {p: np.mean([_test_acc(path, tmp_path / p, seed=s, policy=p, **kw, **k) for s in range(3)])
+            for p, k in knobs.items()}
+
+
+def test_out_of_core_matches_inmemory_on_amazon_photo(tmp_path):
+    means = _ooc_real("amazon_photo", tmp_path, epochs=30)
+    for policy in OOC:
+        assert means[policy] >= means["inmemory"] - 0.01, means
+
+
+@pytest.mark.skipif(not os.environ.get("OOCGNN_HEAVY"), reason="about 15 minutes on 2 cores "
+                    "(6,805-dimensional features); set OOCGNN_HEAVY=1 to run")
+def test_out_of_core_matches_inmemory_on_coauthor_cs(tmp_path):
+    means = _ooc_real("coauthor_cs", tmp_path, epochs=10)
+    for policy in OOC:
+        assert means[policy] >= means["inmemory"] - 0.01, means

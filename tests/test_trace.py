@@ -61,6 +61,22 @@ def test_slice_and_streams():
         Trace.from_batches(b, 50).stream("neighbours")
 
 
+def test_relabel_keeps_the_accesses_and_changes_the_layout():
+    b = _batches(5, n=300, t=9)
+    tr = Trace.from_batches(b, 300, params={"a": 1}, row_stride=512, neighbours=[x[:4] for x in b])
+    perm = np.random.default_rng(0).permutation(300)
+    r = tr.relabel(perm)
+    assert r.params == {"a": 1, "relabelled": True} and (r.row_stride, r.row_bytes) == (512, 512)
+    for i in range(len(tr)):
+        assert np.array_equal(r[i], np.sort(perm[tr[i]]))
+        assert np.array_equal(r.stream("neighbours")[i], np.sort(perm[tr.stream("neighbours")[i]]))
+    assert np.array_equal(r.relabel(np.argsort(perm)).ids, tr.ids)
+    assert np.array_equal(tr.relabel(np.arange(300)).pages(), tr.pages())
+    assert tr.relabel(np.arange(300), row_stride=4096).row_bytes == 4096
+    with pytest.raises(UserError):
+        tr.relabel(perm[:-1])
+
+
 @pytest.mark.parametrize("fmt", ["x.npz", "x_dir"])
 def test_save_load_round_trip(tmp_path, fmt):
     b = _batches(4)
@@ -105,6 +121,62 @@ def test_synthetic_trace_is_seeded_and_skewed():
     assert not np.array_equal(a.ids, synthetic_trace(1000, 20, 50, alpha=1.0, seed=4).ids)
 
 
-def test_record_trace_is_a_hook():
-    with pytest.raises(NotImplementedError):
-        record_trace(None, None, [10, 10])
+@pytest.fixture(scope="module")
+def parted(tiny_data, tmp_path_factory):
+    """The tiny graph in a random store order, cut into 13 uneven parts (no partitioner needed)."""
+    from oocgnn.store import write_store
+    n = tiny_data.num_nodes
+    cuts = np.sort(np.random.default_rng(8).choice(np.arange(1, n), 12, replace=False))
+    return write_store(tiny_data, tmp_path_factory.mktemp("trace") / "parted",
+                       order=np.random.default_rng(7).permutation(n),
+                       part_offsets=np.concatenate([[0], cuts, [n]]), progress=False)
+
+
+RECORDED = {"random": {"batch_size": 64}, "partition": {"batch_size": 64, "n_per_macro": 3},
+            "megabatch": {"batch_size": 64, "parts_per_megabatch": 4, "static_ratio": 0.01}}
+
+
+@pytest.mark.parametrize("name", list(RECORDED))
+def test_record_trace_matches_simulate_and_is_cached(parted, tmp_path, name):
+    """Per-iteration sizes equal simulate's input_nodes / neighbour_lists_needed (same seed, two
+    epochs); the ids are the sampled ones; the second call loads the file; other keys rebuild."""
+    import dgl
+
+    from oocgnn.schedules import batch_seed, make_schedule, sample_blocks
+    from oocgnn.simulate import simulate
+    g, kw = parted.graph(), RECORDED[name]
+    tr = record_trace(parted, name, [4, 3], epochs=2, seed=5, cache_dir=tmp_path, g=g, **kw)
+    df = simulate(parted, name, [4, 3], epochs=2, seed=5, progress=False, g=g, **kw)
+    assert not tr.cached and len(tr) == len(df) and tr.num_nodes == parted.num_nodes
+    assert np.array_equal(tr.sizes(), df["input_nodes"]) and np.array_equal(tr.sizes(), df["feature_rows_needed"])
+    assert np.array_equal(tr.stream("neighbours").sizes(), df["neighbour_lists_needed"])
+    assert (tr.row_stride, tr.row_bytes) == (parted.row_stride, parted.row_bytes)
+    steps = list(make_schedule(name, parted, seed=5, **kw).epoch(1))
+    j = len(steps) // 2                                            # batch j of epoch 1 ...
+    i = len(tr) - len(steps) + j                                   # ... is iteration i
+    blocks = sample_blocks(g, steps[j].seeds, [4, 3], steps[j].visible, seed=batch_seed(5, 1, j))[2]
+    assert np.array_equal(tr[i], np.unique(blocks[0].srcdata[dgl.NID].numpy()))
+    assert np.array_equal(tr.stream("neighbours")[i], np.unique(blocks[0].dstdata[dgl.NID].numpy()))
+    again = record_trace(parted, name, [4, 3], epochs=2, seed=5, cache_dir=tmp_path, **kw)
+    assert again.cached and np.array_equal(again.ids, tr.ids) and again.params == tr.params
+    assert np.array_equal(again.stream("neighbours").ids, tr.stream("neighbours").ids)
+    assert again.params["schedule"] == repr(make_schedule(name, parted, seed=5, **kw))
+    assert len(list(tmp_path.iterdir())) == 1
+    other = record_trace(parted, name, [4, 3], epochs=2, seed=6, cache_dir=tmp_path, g=g, **kw)
+    fan = record_trace(parted, name, [4, 2], epochs=2, seed=5, cache_dir=tmp_path, g=g, **kw)
+    assert not other.cached and not fan.cached and len(list(tmp_path.iterdir())) == 3
+    assert not np.array_equal(other.ids, tr.ids) and fan.accesses < tr.accesses
+
+
+def test_record_trace_takes_a_schedule_object(parted, tmp_path):
+    from oocgnn.schedules import make_schedule
+    sched = make_schedule("partition", parted, seed=2, **RECORDED["partition"])
+    a = record_trace(parted, sched, [3], seed=2, cache_dir=tmp_path)
+    b = record_trace(parted, "partition", [3], seed=2, cache_dir=tmp_path, **RECORDED["partition"])
+    assert b.cached and np.array_equal(a.ids, b.ids)
+    assert record_trace(parted, sched, [3], seed=2, cache_dir=False).cached is False
+    with pytest.raises(UserError):
+        record_trace(parted, sched, [3], cache_dir=False, batch_size=8)
+    d = record_trace(parted, sched, [3], seed=2, cache_dir=tmp_path, fmt="dir")   # memory-mapped form
+    assert not d.cached and np.array_equal(d.ids, a.ids)
+    assert record_trace(parted, sched, [3], seed=2, cache_dir=tmp_path, fmt="dir").cached
