@@ -147,6 +147,8 @@ def build_parser() -> argparse.ArgumentParser:
     hb.add_argument("--static-scope", dest="static_scope", help="adjacent | all (default adjacent)")
     hb.add_argument("--no-pipeline", dest="pipeline", action="store_false", default=None,
                     help="load mega-batches synchronously (no double buffering)")
+    hb.add_argument("--regroup", help="METHOD:PARTS: mega-batches from this partition of the store "
+                    "instead of its own parts; on an unpartitioned store this is HB- (scattered loads)")
     ou = tr.add_argument_group("outre (OUTRE §4.2-4.3)")
     ou.add_argument("--parts-per-macro", dest="parts_per_macro", type=int, help="parts per macro batch (default 20)")
     ou.add_argument("--feature-cache", dest="feature_cache", help="degree | frequency (default degree)")

@@ -52,6 +52,8 @@ class TrainConfig:
     passes: float = 2.0               # p: passes over a mega-batch's training nodes (float allowed)
     static_scope: str = "adjacent"    # static nodes visible to a mega-batch: adjacent to it, or all
     pipeline: bool = True             # load the next mega-batch while training on this one
+    regroup: str = ""                 # "metis:256": group by this partition instead of the store's
+                                      # parts; on an unpartitioned store, HB− (scattered loads)
     # outre (OUTRE §4.2-4.3)
     parts_per_macro: int = 20         # parts per macro batch
     feature_cache: str = "degree"     # static feature cache: degree | frequency (profiled epoch)

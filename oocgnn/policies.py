@@ -206,14 +206,18 @@ class _GroupLoader:
         self.pending = None                           # (step id, future)
         self.buffer = 0                               # which half holds the current group
 
-    def _read(self, ranges, half):
+    def _read(self, step, half):
         t = time.perf_counter()
         base = self.policy.group_base + half * self.capacity
         reader, res = self.policy.reader, self.policy.resident
-        pos = base
-        for lo, hi in ranges:
-            res.rows[pos:pos + hi - lo] = torch.from_numpy(reader.read_range(lo, hi))
-            pos += hi - lo
+        if step.scattered:                            # HB−: one coalesced gather of scattered rows
+            ids = np.concatenate([np.arange(lo, hi) for lo, hi in step.enter_ranges])
+            res.rows[base:base + len(ids)] = torch.from_numpy(reader.read_rows(ids))
+        else:                                         # one sequential read per part range
+            pos = base
+            for lo, hi in step.enter_ranges:
+                res.rows[pos:pos + hi - lo] = torch.from_numpy(reader.read_range(lo, hi))
+                pos += hi - lo
         return time.perf_counter() - t
 
     def load(self, step, next_step):
@@ -224,11 +228,11 @@ class _GroupLoader:
             self.policy._time("load", self.pending[1].result())
             self.policy._time("wait", time.perf_counter() - t)
         else:
-            self.policy._time("load", self._read(step.enter_ranges, half))
+            self.policy._time("load", self._read(step, half))
         self.pending = None
         self.buffer = half
         if self.pipeline and next_step is not None:
-            self.pending = (next_step, self.pool.submit(self._read, next_step.enter_ranges, 1 - half))
+            self.pending = (next_step, self.pool.submit(self._read, next_step, 1 - half))
         return self.policy.group_base + half * self.capacity
 
     def close(self):
@@ -242,16 +246,18 @@ class HierBatchingPolicy(Policy):
 
     def __init__(self, store, cfg):
         super().__init__(store, cfg)
-        if store.num_parts < cfg.parts_per_megabatch:
+        assignment = regroup_assignment(store, cfg)
+        parts = store.num_parts if assignment is None else int(assignment.max()) + 1
+        if parts < cfg.parts_per_megabatch:
             raise UserError(f"hierbatching needs a partitioned store with at least --parts-per-megabatch "
-                            f"({cfg.parts_per_megabatch}) parts; {store.path} has {store.num_parts} "
-                            "(prepare it with --partitioner metis|fennel --parts K)")
+                            f"({cfg.parts_per_megabatch}) parts; {store.path} has {parts} "
+                            "(prepare it with --partitioner metis|fennel --parts K, or --regroup metis:K)")
         self.schedule = make_schedule("megabatch", store, batch_size=cfg.batch_size, seed=cfg.seed,
                                       parts_per_megabatch=cfg.parts_per_megabatch,
                                       static_ratio=cfg.static_ratio, passes=cfg.passes,
-                                      static_scope=cfg.static_scope)
+                                      static_scope=cfg.static_scope, assignment=assignment)
         self.static_ids = self.schedule.static_ids
-        sizes = np.diff(store.part_offsets)
+        sizes = np.diff(self.schedule.offsets)
         # the largest group: N_d largest parts (a safe bound for any permutation)
         group_rows = int(np.sort(sizes)[::-1][:cfg.parts_per_megabatch].sum())
         halves = 2 if cfg.pipeline else 1
@@ -264,7 +270,7 @@ class HierBatchingPolicy(Policy):
         """HierBatching App. B: 2(r_s + r_d)(A + B) <= C, with A, B the feature and topology bytes."""
         a = self.store.num_nodes * self.store.row_stride
         b = self.memory()["topology"]
-        r_d = self.cfg.parts_per_megabatch / self.store.num_parts
+        r_d = self.cfg.parts_per_megabatch / self.schedule.num_parts
         need = (2 if self.cfg.pipeline else 1) * (self.cfg.static_ratio + r_d) * (a + b)
         return {"r_s": self.cfg.static_ratio, "r_d": r_d, "A": a, "B": b, "need": int(need),
                 "budget": self.cfg.memory_budget_bytes, "holds": need <= self.cfg.memory_budget_bytes}
@@ -341,6 +347,22 @@ class OutrePolicy(Policy):
         else:
             score = profile_accesses(self.store, self.schedule, self.cfg.fanout_list, seed=self.cfg.seed + 1)
         return np.sort(np.argsort(-score, kind="stable")[:capacity]).astype(np.int64)
+
+
+def regroup_assignment(store, cfg):
+    """Parts from `--regroup method:K` computed on the store (cached), or None for the store's own.
+
+    On an unpartitioned store this is HierBatching's HB−: partition mega-batches whose rows are
+    scattered over the file, so each load is a random gather instead of sequential reads."""
+    if not cfg.regroup:
+        return None
+    from .partition import partition
+    method, _, parts = cfg.regroup.partition(":")
+    try:
+        parts = int(parts)
+    except ValueError:
+        raise UserError(f"--regroup takes METHOD:PARTS, e.g. metis:256; got {cfg.regroup!r}") from None
+    return partition(store, method, parts, seed=cfg.seed)[0]
 
 
 def profile_accesses(store, schedule, fanouts, seed=1, epochs=1) -> np.ndarray:

@@ -49,6 +49,8 @@ class Step:
     leave_ids: np.ndarray = field(default_factory=lambda: _EMPTY)  # sorted scattered ids dropped
     data: tuple = ()                                    # ("features", "adjacency") or a subset
     visible: np.ndarray | None = None                   # sorted ids sampling is restricted to; None = all
+    scattered: bool = False                             # entering ranges are scattered rows (HB−): read
+                                                        # as one coalesced row gather, not range reads
 
 
 def _merge(ranges):
@@ -75,15 +77,37 @@ class Schedule:
     name = "base"
     data: tuple = ()
 
-    def __init__(self, store, batch_size=1024, seed=0):
+    def __init__(self, store, batch_size=1024, seed=0, assignment=None):
         if int(batch_size) < 1:
             raise UserError(f"batch_size must be >= 1, got {batch_size}")
         self.store, self.batch_size, self.seed = store, int(batch_size), int(seed)
         self.train_idx = np.asarray(store.train_idx, dtype=np.int64)
-        self.offsets = np.asarray(store.part_offsets, dtype=np.int64)
+        self.scattered = assignment is not None
+        if self.scattered:
+            # parts given by an assignment over store ids, not contiguous ranges (HierBatching's
+            # HB−: the same partition batches on a layout that does not follow them)
+            assignment = np.asarray(assignment, dtype=np.int64)
+            order = np.argsort(assignment, kind="stable")
+            self.offsets = np.searchsorted(assignment[order], np.arange(assignment.max() + 2))
+            self._order = order
+            tr = self.train_idx[np.argsort(assignment[self.train_idx], kind="stable")]
+            self._train_sorted = tr
+            self.tstart = np.searchsorted(assignment[tr], np.arange(assignment.max() + 2))
+        else:
+            self.offsets = np.asarray(store.part_offsets, dtype=np.int64)
+            # training nodes of part k: train_idx[tstart[k]:tstart[k+1]] (train_idx sorted, parts contiguous)
+            self.tstart = np.searchsorted(self.train_idx, self.offsets)
+            self._train_sorted = self.train_idx
         self.num_parts = len(self.offsets) - 1
-        # training nodes of part k: train_idx[tstart[k]:tstart[k+1]] (train_idx sorted, parts contiguous)
-        self.tstart = np.searchsorted(self.train_idx, self.offsets)
+
+    def part_ranges(self, k):
+        """Store-id ranges of part k: one range, or one per run of consecutive ids when scattered."""
+        lo, hi = self.offsets[k], self.offsets[k + 1]
+        if not self.scattered:
+            return [(lo, hi)]
+        ids = np.sort(self._order[lo:hi])
+        brk = np.flatnonzero(np.diff(ids) != 1) + 1
+        return [(int(r[0]), int(r[-1]) + 1) for r in np.split(ids, brk) if len(r)]
 
     def rng(self, epoch, stream):
         """Independent streams per (seed, epoch): 0 forms groups, 1 shuffles batches."""
@@ -119,9 +143,9 @@ class _GroupSchedule(Schedule):
         out = []
         for i in range(0, self.num_parts, self.group_size):
             parts = perm[i:i + self.group_size]
-            train = np.concatenate([self.train_idx[self.tstart[k]:self.tstart[k + 1]] for k in parts])
+            train = np.concatenate([self._train_sorted[self.tstart[k]:self.tstart[k + 1]] for k in parts])
             if len(train):
-                out.append((_merge((self.offsets[k], self.offsets[k + 1]) for k in parts), train))
+                out.append((_merge(r for k in parts for r in self.part_ranges(k)), train))
         return out
 
     def _previous(self, epoch):
@@ -139,7 +163,7 @@ class _GroupSchedule(Schedule):
         for g, (ranges, train) in enumerate(self.groups(epoch)):
             visible = self.visible(ranges)
             for j, seeds in enumerate(self.batches(train, rng)):
-                step = Step(seeds=seeds, group=g, data=self.data, visible=visible)
+                step = Step(seeds=seeds, group=g, data=self.data, visible=visible, scattered=self.scattered)
                 if j == 0:
                     step.leave_ranges, step.enter_ranges = resident, ranges
                     resident = ranges
@@ -155,8 +179,8 @@ class PartitionSchedule(_GroupSchedule):
     name = "partition"
     data = ("adjacency",)
 
-    def __init__(self, store, batch_size=1024, n_per_macro=20, seed=0):
-        super().__init__(store, batch_size, seed)
+    def __init__(self, store, batch_size=1024, n_per_macro=20, seed=0, assignment=None):
+        super().__init__(store, batch_size, seed, assignment)
         if int(n_per_macro) < 1:
             raise UserError(f"n_per_macro must be >= 1, got {n_per_macro}")
         self.group_size = self.n_per_macro = int(n_per_macro)
@@ -171,8 +195,8 @@ class MegabatchSchedule(_GroupSchedule):
     data = ("features", "adjacency")
 
     def __init__(self, store, batch_size=1024, parts_per_megabatch=8, static_ratio=0.01, passes=1.0,
-                 static_scope="adjacent", seed=0):
-        super().__init__(store, batch_size, seed)
+                 static_scope="adjacent", seed=0, assignment=None):
+        super().__init__(store, batch_size, seed, assignment)
         if int(parts_per_megabatch) < 1:
             raise UserError(f"parts_per_megabatch must be >= 1, got {parts_per_megabatch}")
         if not 0 <= static_ratio <= 1:
@@ -211,7 +235,7 @@ class MegabatchSchedule(_GroupSchedule):
         if self.static_scope == "all":
             return np.union1d(t, self.static_ids)
         indptr, indices = self.store.indptr, self.store.indices
-        nbr = np.concatenate([indices[indptr[lo]:indptr[hi]] for lo, hi in ranges])
+        nbr = indices[_ids_of_ranges([(indptr[lo], indptr[hi]) for lo, hi in ranges])]
         adj = nbr[self._static_mask[nbr]]
         return np.union1d(t, adj.astype(np.int64))
 

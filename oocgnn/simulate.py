@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 
 from .errors import UserError
 from .io import PAGE, range_requests, request_breaks
-from .schedules import batch_seed, make_schedule, sample_blocks
+from .schedules import _ids_of_ranges, batch_seed, make_schedule, sample_blocks
 
 DATA = ("features", "adjacency")
 
@@ -116,10 +116,15 @@ class Residency:
             self.masks[d, "ids"][ids] = True
         if "features" in step.data:
             load["load_feature_rows"] = sum(hi - lo for lo, hi in step.enter_ranges) + len(ids)
-            range_pages = [lay.range_pages(lo, hi)[0] for lo, hi in step.enter_ranges]
-            load["load_feature_pages"] = sum(range_pages) + lay.feature_pages(ids)[0]
-            load["load_feature_requests"] = (sum(range_requests(p) for p in range_pages)
-                                             + lay.feature_requests(ids))
+            if step.scattered:          # HB−: the group's rows are one coalesced gather
+                rows = _ids_of_ranges(step.enter_ranges)
+                load["load_feature_pages"] = lay.feature_pages(rows)[0] + lay.feature_pages(ids)[0]
+                load["load_feature_requests"] = lay.feature_requests(rows) + lay.feature_requests(ids)
+            else:
+                range_pages = [lay.range_pages(lo, hi)[0] for lo, hi in step.enter_ranges]
+                load["load_feature_pages"] = sum(range_pages) + lay.feature_pages(ids)[0]
+                load["load_feature_requests"] = (sum(range_requests(p) for p in range_pages)
+                                                 + lay.feature_requests(ids))
         if "adjacency" in step.data:
             load["load_edges"] = (sum(int(lay.indptr[hi] - lay.indptr[lo]) for lo, hi in step.enter_ranges)
                                   + int(self.deg[ids].sum()))

@@ -107,3 +107,15 @@ def test_executed_io_equals_simulated_on_small(tmp_path):
         executed, sim = train(cfg)["io"], _simulated(store, cfg)
         assert executed["pages"] == sim["feature_pages_read"] + sim["load_feature_pages"]
         assert executed["requests"] == sim["feature_requests"] + sim["load_feature_requests"]
+
+
+def test_hb_minus_scattered_loads_agree_with_simulation(tiny_store, parted, tmp_path):
+    """HB−: the same FENNEL mega-batches on the unpartitioned store are row gathers, not range reads."""
+    kw = {"policy": "hierbatching", "parts_per_megabatch": 4, "passes": 1.0, "static_ratio": 0.0}
+    minus = _cfg(tiny_store, tmp_path / "minus", regroup="fennel:16", **kw)
+    executed, sim = train(minus)["io"], _simulated(tiny_store, minus)
+    assert executed["pages"] == sim["load_feature_pages"] and sim["feature_pages_read"] == 0
+    assert executed["requests"] == sim["load_feature_requests"]
+    seq = train(_cfg(parted, tmp_path / "seq", **kw))["io"]
+    assert executed["rows"] == seq["rows"], "the same rows are loaded"
+    assert executed["requests"] > 3 * seq["requests"], "but scattered: many more requests"
