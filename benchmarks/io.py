@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from oocgnn import io as oio  # noqa: E402
+from oocgnn import direct as odirect, io as oio  # noqa: E402
 from oocgnn.units import format_size, parse_size  # noqa: E402
 
 D, STRIDE, PAGE, MiB = 128, 512, 4096, 1 << 20
@@ -94,7 +94,7 @@ def raw_threads(fd, offs, size, nthreads):
 
 def raw_uring(fd, offs, size, depth):
     """io_uring readv, `depth` in flight, one Iovec per slot reused (the cheapest Python loop)."""
-    L = oio._L
+    L = odirect._L
     ring, cqe = L.Ring(), L.Cqe()
     L.io_uring_queue_init(depth, ring)
     b = mmap.mmap(-1, size * depth)
@@ -158,7 +158,7 @@ def main(argv=None):
         return list(range(start, start + nbytes, req))
 
     nseq = a.range_mib * MiB
-    uring = oio._L is not None
+    uring = odirect._L is not None
     print(f"measuring ({reps} reps each; liburing {'available' if uring else 'MISSING'}) ...", flush=True)
     # readers persist across calls (as in training): their buffers are warmed by one call first
     readers = {b: oio.DirectReader(path, rows, D, backend=b, threads=a.threads, queue_depth=a.queue_depth,

@@ -236,3 +236,18 @@ def test_concurrent_callers(tmp_path, backend):
         for ids, out in zip(batches, ex.map(r.read_rows, batches)):
             np.testing.assert_array_equal(out, data[ids])
         assert r.stats.calls == 12 and r.stats.rows == 12 * 700
+
+
+def test_default_reader_does_not_leak(tmp_path):
+    """Repeated reads keep RSS flat (the liburing binding pins buffers; the default avoids it)."""
+    p = tmp_path / "f.bin"
+    write_features(p, 65536, 128)                      # 32 MiB
+    rss = lambda: int(open("/proc/self/statm").read().split()[1]) * 4096   # noqa: E731
+    with DirectReader(p, 65536, 128) as r:
+        r.read_range(0, 65536)
+        r.read_rows(np.arange(0, 65536, 3))
+        before = rss()
+        for _ in range(8):
+            r.read_range(0, 65536)
+            r.read_rows(np.arange(0, 65536, 3))
+        assert rss() - before < 64 << 20
