@@ -24,6 +24,8 @@ def _cmd_prepare(args):
     t0 = time.perf_counter()
     if args.source == "synthetic":
         data = generate(args.preset, seed=args.seed)
+    elif args.row_normalize:
+        data = load_source(args.source, row_normalize=True)
     else:
         data = load_source(args.source)
     t_load = time.perf_counter() - t0
@@ -102,6 +104,8 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--out", required=True, help="store directory to create")
     pr.add_argument("--seed", type=int, default=0, help="generator seed (synthetic)")
     pr.add_argument("--force", action="store_true", help="replace an existing store")
+    pr.add_argument("--row-normalize", action="store_true",
+                    help="scale each feature row to sum 1 (.npz sources; usual for bag-of-words)")
     pr.add_argument("--quiet", action="store_true", help="no progress bar")
     pr.add_argument("--partitioner", default="none",
                     help="metis | fennel | random | none (default none): relabel nodes so each part "

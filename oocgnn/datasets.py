@@ -160,8 +160,11 @@ def _check_splits(where: str, labels: np.ndarray, splits: dict) -> dict:
     return out
 
 
-def load_npz(path, name=None) -> GraphData:
-    """A `.npz` in the /work/shared/datasets format (keys `NPZ_KEYS`), canonicalised."""
+def load_npz(path, name=None, row_normalize=False) -> GraphData:
+    """A `.npz` in the /work/shared/datasets format (keys `NPZ_KEYS`), canonicalised.
+
+    `row_normalize` scales each feature row to sum 1 (rows of zeros stay zero), the usual
+    preprocessing of bag-of-words features (Kipf & Welling; PyG's NormalizeFeatures)."""
     import zipfile
     path = Path(path)
     if not path.is_file():
@@ -197,9 +200,12 @@ def load_npz(path, name=None) -> GraphData:
         raise UserError(f"{path}: src/dst hold node ids outside 0..{n - 1}")
     splits = _check_splits(str(path), labels, {k: arr[k] for k, _ in _SPLITS})
     indptr, indices = csr_from_edges(src, dst, n)
-    return GraphData(name=name, indptr=indptr, indices=indices,
-                     features=np.ascontiguousarray(feat, dtype=np.float32), labels=labels,
-                     **splits, info={"source": "npz", "path": str(path), "name": name})
+    feat = np.ascontiguousarray(feat, dtype=np.float32)
+    if row_normalize:
+        feat /= np.maximum(np.abs(feat).sum(1, keepdims=True), np.float32(1e-12))
+    return GraphData(name=name, indptr=indptr, indices=indices, features=feat, labels=labels,
+                     **splits, info={"source": "npz", "path": str(path), "name": name,
+                                     "row_normalize": bool(row_normalize)})
 
 
 def _ogb_dir(root: Path):
@@ -336,11 +342,13 @@ def load_source(path, **kw) -> GraphData:
     """A `.npz` file -> `load_npz`; an OGB dataset dir (or its parent) -> `load_ogb_raw`."""
     path = Path(path)
     if path.is_file() and path.suffix == ".npz":
-        extra = sorted(k for k, v in kw.items() if v is not None and k != "name")
+        extra = sorted(k for k, v in kw.items() if v is not None and k not in ("name", "row_normalize"))
         if extra:
             raise UserError(f"{path}: option(s) {', '.join(extra)} only apply to OGB raw directories")
-        return load_npz(path, name=kw.get("name"))
+        return load_npz(path, name=kw.get("name"), row_normalize=bool(kw.get("row_normalize")))
     if path.is_dir() and _ogb_dir(path) is not None:
+        if kw.pop("row_normalize", None):
+            raise UserError(f"{path}: --row-normalize applies to .npz sources only")
         return load_ogb_raw(path, **kw)
     what = "does not exist" if not path.exists() else "is not a recognised graph source"
     raise UserError(f"{path} {what}; accepted sources: a .npz file with keys {', '.join(NPZ_KEYS)}, "

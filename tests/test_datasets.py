@@ -88,7 +88,7 @@ def test_load_npz(tmp_path):
     assert g.num_classes == 3 and g.num_nodes == N and g.feat_dim == 3
     for k, v in SPLITS.items():
         assert getattr(g, k).dtype == np.int64 and getattr(g, k).tolist() == v
-    assert g.info == {"source": "npz", "path": str(tmp_path / "toy.npz"), "name": "toy"}
+    assert g.info == {"source": "npz", "path": str(tmp_path / "toy.npz"), "name": "toy", "row_normalize": False}
     assert load_source(tmp_path / "toy.npz", name="x").name == "x"
 
 
@@ -236,3 +236,11 @@ def test_real_cora():
     assert not (src == dst).any()
     key, rkey = src * g.num_nodes + dst, dst * g.num_nodes + src
     assert np.array_equal(np.sort(key), np.sort(rkey)) and len(np.unique(key)) == len(key)
+
+
+def test_load_npz_row_normalize(tmp_path):
+    p = tmp_path / "n.npz"
+    np.savez(p, src=np.array([0, 1]), dst=np.array([1, 2]), feat=np.array([[1, 1, 2], [0, 0, 0], [3, 0, 1]], np.float32),
+             label=np.array([0, 1, 0]), train_idx=np.array([0]), val_idx=np.array([1]), test_idx=np.array([2]))
+    f = load_npz(p, row_normalize=True).features
+    np.testing.assert_allclose(f, [[0.25, 0.25, 0.5], [0, 0, 0], [0.75, 0, 0.25]])
