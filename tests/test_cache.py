@@ -6,7 +6,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from oocgnn.belady import belady_changesets, belady_naive, changeset_hits
-from oocgnn.cache import CACHE_POLICIES, capacity_from_budget, macrobatch_fetch, make_cache, replay
+from oocgnn.cache import CACHE_POLICIES, capacity_from_budget, make_cache, replay
+from oocgnn.macrobatch import macrobatch_fetch
 from oocgnn.errors import UserError
 from oocgnn.io import PAGE
 from oocgnn.trace import Trace

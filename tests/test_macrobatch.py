@@ -4,7 +4,8 @@ import dgl
 import numpy as np
 import pytest
 
-from oocgnn.cache import macrobatch_fetch, make_cache
+from oocgnn.cache import make_cache
+from oocgnn.macrobatch import macrobatch_fetch
 from oocgnn.schedules import batch_seed, make_schedule, sample_blocks
 from oocgnn.simulate import simulate
 from oocgnn.trace import record_trace
