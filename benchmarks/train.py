@@ -93,7 +93,7 @@ def worker(args):
     make_policy, evaluate = T.make_policy, T.evaluate
 
     def reader_io(policy):
-        return (policy.io_before_switch + policy.reader.stats).as_dict()
+        return policy.io().as_dict()
 
     def patched_make_policy(store, c):
         t = time.perf_counter()

@@ -96,6 +96,10 @@ class Policy:
     def cap_record(self) -> dict:
         return {"enforced": False, "reason": f"{self.name} bounds its own resident arrays (no cgroup)"}
 
+    def io(self) -> IOStats:
+        """Everything this policy's readers read so far (a reader replaced mid-run included)."""
+        return self.io_before_switch + self.reader.stats
+
     def _time(self, stage, seconds):
         self.timers[stage] = self.timers.get(stage, 0.0) + seconds
 
@@ -141,11 +145,10 @@ class InMemoryPolicy(Policy):
     reader_kind = "memory"
 
     def __init__(self, store, cfg):
-        super().__init__(store, cfg)
-        self.full = self.reader                       # MemoryReader: the whole matrix in RAM
+        super().__init__(store, cfg)                  # self.reader: a MemoryReader, the whole matrix
 
     def gather(self, ids):
-        return torch.from_numpy(self.full.read_rows(ids))
+        return torch.from_numpy(self.reader.read_rows(ids))
 
     def memory(self):
         return {**super().memory(), "feature_rows": self.store.num_nodes * self.store.row_bytes}

@@ -91,10 +91,6 @@ def _next_loads(steps) -> list:
     return out
 
 
-def _io(policy) -> IOStats:
-    return policy.io_before_switch + policy.reader.stats
-
-
 def train(cfg: TrainConfig) -> dict:
     """Run one training job; returns the summary (also written to the run directory)."""
     store = open_store(cfg.store)
@@ -128,17 +124,17 @@ def train(cfg: TrainConfig) -> dict:
     timers, rows = _Timers(), []
     train_s, loss_sum, loss_n = 0.0, 0.0, 0
     excluded = IOStats()                           # reads of evaluation and of cache fills
-    excluded += _io(policy)                        # e.g. OUTRE's static cache fill
+    excluded += policy.io()                        # e.g. OUTRE's static cache fill
     history_hits = 0
 
     def log_eval(epoch, step):
         nonlocal loss_sum, loss_n
-        before = _io(policy)
+        before = policy.io()
         with timers("eval"):
             accs = {s: evaluate(model, g, policy.eval_gather, labels, ids, eval_fanouts,
                                 cfg.eval_batch_size, seed=cfg.seed + 7) for s, ids in eval_sets.items()}
-        excluded.__iadd__(_io(policy) - before)
-        io = _io(policy) - excluded
+        excluded.__iadd__(policy.io() - before)
+        io = policy.io() - excluded
         rows.append({"wall_s": round(train_s, 4), "epoch": epoch, "step": step,
                      "train_loss": loss_sum / loss_n if loss_n else float("nan"),
                      "val_acc": accs["val"], "test_acc": accs["test"],
@@ -186,7 +182,7 @@ def train(cfg: TrainConfig) -> dict:
             policy.end_warmup()
     bar.close()
     cap_record = policy.cap_record()
-    io = _io(policy) - excluded
+    io = policy.io() - excluded
     policy.close()
 
     log = pd.DataFrame(rows, columns=LOG_COLUMNS)
