@@ -28,7 +28,6 @@ expectations: hierbatching >> mmap (the paper saw 2.6-20x) and hierbatching <= 1
 """
 import argparse
 import importlib.util
-import itertools
 import json
 import os
 import re
@@ -60,15 +59,6 @@ def loadavg():
     return " ".join(open("/proc/loadavg").read().split()[:3])
 
 
-def vm_hwm() -> int:
-    """Peak RSS of this process (VmHWM; ru_maxrss of a child would carry the parent's RSS at fork)."""
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    return 0
-
-
 def fmt_bytes(n):
     if n is None:
         return "-"
@@ -80,65 +70,23 @@ def fmt_bytes(n):
 
 # ---- the worker: one configuration in this (fresh) process --------------------------------------
 def worker(args):
-    """Train one configuration; print its summary plus per-step timestamps as `RESULT <json>`."""
+    """Train one configuration (the first --limit-steps steps, or an epoch); print `RESULT <json>`
+    with the summary and the executor's per-step seconds and reads (its steps.csv)."""
     t_start = time.perf_counter()
-    import oocgnn.train as T
+    import pandas as pd
     from oocgnn.config import TrainConfig
+    from oocgnn.train import train
 
-    cfg = TrainConfig(**json.loads(args.config))
-    limit = args.limit_steps
-    rec = {"before": [], "io": [], "eval": [], "warmup_io": None, "final_io": None, "epoch_steps": None,
-           "setup_s": None}
-    holder = {}
-    make_policy, evaluate = T.make_policy, T.evaluate
-
-    def reader_io(policy):
-        return policy.io().as_dict()
-
-    def patched_make_policy(store, c):
-        t = time.perf_counter()
-        policy = make_policy(store, c)
-        rec["policy_init_s"] = time.perf_counter() - t
-        holder["policy"] = policy
-        orig_steps, orig_before, orig_end = policy.steps, policy.before, policy.end_warmup
-        rec["epoch_steps"] = sum(1 for _ in orig_steps(1))
-
-        def steps(epochs):
-            it = orig_steps(epochs)
-            return itertools.islice(it, limit) if limit else it
-
-        def before(step, next_load):
-            now = time.perf_counter()
-            if not rec["before"]:
-                rec["setup_s"] = now - t_start
-            rec["before"].append(now)
-            rec["io"].append(reader_io(policy))           # cumulative reads at the start of each step
-            return orig_before(step, next_load)
-
-        def end_warmup():
-            rec["warmup_io"] = reader_io(policy)         # io of the warm-up (and the eval at time 0)
-            return orig_end()
-
-        policy.steps, policy.before, policy.end_warmup = steps, before, end_warmup
-        return policy
-
-    def patched_evaluate(*a, **kw):
-        now = time.perf_counter()
-        rec["eval"].append(now)
-        if rec["before"] and rec["final_io"] is None and now > rec["before"][-1]:
-            rec["final_io"] = reader_io(holder["policy"])  # io at the end of the last measured step
-        return evaluate(*a, **kw)
-
-    T.make_policy, T.evaluate = patched_make_policy, patched_evaluate
-    summary = T.train(cfg)
+    cfg = TrainConfig(**json.loads(args.config), max_steps=args.limit_steps)
+    t_imports = time.perf_counter() - t_start
+    summary = train(cfg)
     summary.pop("log", None)
-    ends = rec["before"][1:] + [min(e for e in rec["eval"] if e > rec["before"][-1])]
-    step_s = [e - b for b, e in zip(rec["before"], ends)]
-    io_cum = rec["io"] + [rec["final_io"]]
-    step_io = [{k: b[k] - a[k] for k in ("bytes_read", "pages", "seconds")} for a, b in zip(io_cum, io_cum[1:])]
-    out = {"summary": summary, "step_s": step_s, "step_io": step_io, "epoch_steps": rec["epoch_steps"],
-           "limit_steps": limit, "setup_s": rec["setup_s"], "policy_init_s": rec.get("policy_init_s"),
-           "warmup_io": rec["warmup_io"], "final_io": rec["final_io"], "vm_hwm": vm_hwm(),
+    steps = pd.read_csv(Path(summary["run_dir"]) / "steps.csv").rename(columns={"io_seconds": "seconds_io"})
+    out = {"summary": summary, "step_s": steps["seconds"].tolist(),
+           "step_io": [{"bytes_read": r.bytes_read, "pages": r.pages, "seconds": r.seconds_io}
+                       for r in steps.itertuples()],
+           "epoch_steps": summary["epoch_steps"], "limit_steps": args.limit_steps,
+           "setup_s": t_imports + summary["setup_s"], "peak_rss": summary["peak_rss"],
            "wall_s": time.perf_counter() - t_start}
     print("RESULT " + json.dumps(out, default=float), flush=True)
 
@@ -331,7 +279,7 @@ def derive(res, limits):
         "epoch_s": epoch_s, "train_s": s["train_s"], "step_s": per_step, "step_s_all": per_step_all,
         "stage": s["stage_s"], "bytes_read": io["bytes_read"], "bytes_epoch": bytes_epoch,
         "mbs_io": mbs_io, "mbs_train": mbs_train, "iops_io": iops_io, "sequential": sequential,
-        "vs_limit": vs_limit, "peak_rss": res["vm_hwm"], "cap": cap, "setup_s": res["setup_s"],
+        "vs_limit": vs_limit, "peak_rss": res["peak_rss"], "cap": cap, "setup_s": res["setup_s"],
         "wall": res["wall"], "load": res["load"], "rule": s.get("hierbatching_rule"),
         "resident": s.get("resident_bytes"), "memory": s.get("memory"), "val": s.get("final_val_acc"),
     }
@@ -448,7 +396,7 @@ def main(argv=None):
           "  MiB/s io = bytes read / seconds inside read calls (hierbatching: the background loader), MiB/s trn =\n"
           "  bytes read / train seconds; vs limit = MiB/s io / the sequential limit (seq) or pages/s / the random\n"
           "  4 KiB limit (rnd); peak RSS = the process's VmHWM (topology and DGL graph, evaluation pages and all);\n"
-          "  val acc on 2000 validation nodes after the measured steps")
+          f"  val acc on {args.eval_nodes} validation nodes after the measured steps")
 
     print("\nstage seconds (load/sample/gather/compute in the step loop; bg_* = background loader thread):")
     for r in rows:
@@ -500,8 +448,12 @@ def main(argv=None):
     for r in rows:
         if not r["bytes_read"]:
             continue
-        frac = (f"{r['vs_limit']:.2f}x the sequential limit" if r["sequential"] else
-                f"{r['iops_io']:,.0f} pages/s = {r['vs_limit']:.2f}x the random 4K limit")
+        if r["vs_limit"] is None:
+            frac = "nothing read in the measured window"
+        elif r["sequential"]:
+            frac = f"{r['vs_limit']:.2f}x the sequential limit"
+        else:
+            frac = f"{r['iops_io']:,.0f} pages/s = {r['vs_limit']:.2f}x the random 4K limit"
         print(f"  {r['config']:<16} {PATTERN[VARIANTS[r['config']][0]]}: {r['mbs_io']:,.0f} MiB/s inside reads "
               f"({frac}); {r['mbs_train']:,.0f} MiB/s over train time; {fmt_bytes(r['bytes_epoch'])} an epoch "
               f"= {r['bytes_epoch'] / feat_bytes:.1f}x the feature file")

@@ -127,7 +127,9 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("store")
     tr.add_argument("--policy", help="inmemory | mmap | hierbatching | outre (default inmemory)")
     tr.add_argument("--model", help="sage | gat | gin | mlp (default sage)")
-    tr.add_argument("--epochs", type=int)
+    tr.add_argument("--epochs", type=int, help="epochs to train (default 5)")
+    tr.add_argument("--max-steps", dest="max_steps", type=int,
+                    help="stop after this many steps (default 0: all epochs); epoch_s is then extrapolated")
     tr.add_argument("--fanouts", help="per-layer fanouts, e.g. 10,10 (default)")
     tr.add_argument("--layers", type=int, help="number of layers (must match the fanouts)")
     tr.add_argument("--batch-size", dest="batch_size", type=int)

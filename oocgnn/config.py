@@ -32,6 +32,7 @@ class TrainConfig:
     policy: str = "inmemory"
     model: str = "sage"
     epochs: int = 5
+    max_steps: int = 0                # stop after this many steps (0: all epochs); for quick looks
     fanouts: str = "10,10"
     layers: int = 0                   # 0: as many as fanouts; else must equal len(fanouts)
     batch_size: int = 1024
@@ -82,8 +83,8 @@ class TrainConfig:
                 raise UserError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not 0 <= self.dropout < 1 or self.lr <= 0 or not 0 <= self.target_acc <= 1:
             raise UserError("need 0 <= dropout < 1, lr > 0 and 0 <= target_acc <= 1")
-        if self.eval_every < 0 or self.max_eval_nodes < 0 or self.threads < 0:
-            raise UserError("eval_every, max_eval_nodes and threads must be >= 0")
+        if self.eval_every < 0 or self.max_eval_nodes < 0 or self.threads < 0 or self.max_steps < 0:
+            raise UserError("eval_every, max_eval_nodes, max_steps and threads must be >= 0")
         self.memory_budget_bytes   # validates the size string
         if self.parts_per_megabatch < 1 or self.parts_per_macro < 1:
             raise UserError("parts_per_megabatch and parts_per_macro must be >= 1")

@@ -24,7 +24,6 @@ import io
 import json
 import os
 import re
-import resource
 import sys
 import tempfile
 import time
@@ -37,27 +36,12 @@ import pandas as pd
 
 from .datasets import GraphData, index_dtype
 from .errors import UserError
+from .units import peak_rss
 
 DEFAULT_CACHE_DIR = Path(os.environ.get("OOCGNN_PARTITION_CACHE",
                                         Path(__file__).resolve().parents[1] / "data" / "partitions"))
 CHUNK_EDGES = 1 << 22          # CSR entries read per chunk by the streaming passes (16 MiB of int32)
 FENNEL_GAMMA, FENNEL_NU, FENNEL_PATIENCE = 2.0, 1.1, 3
-
-
-def peak_rss() -> int:
-    """Peak resident set size of this process in bytes: VmHWM, else ru_maxrss.
-
-    VmHWM belongs to this process's address space; ru_maxrss of a child also carries its
-    parent's RSS at fork time (Linux keeps the larger across fork + exec).
-    """
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 # ---------------------------------------------------------------------------------------------

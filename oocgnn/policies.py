@@ -54,6 +54,7 @@ class Policy:
     """Base policy: random batches, nothing resident, `reader_kind` rows read on demand."""
     name = "base"
     reader_kind = "direct"
+    eval_reader = None       # evaluation's own reader; None: it reads through `reader` (subtracted)
 
     def __init__(self, store, cfg):
         self.store, self.cfg = store, cfg

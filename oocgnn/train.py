@@ -7,8 +7,9 @@ historical embeddings when the policy has them (OUTRE §4.3), trains and evaluat
 Simulated and executed I/O of the same run agree (a test).
 
 Every run writes `config.json`, `log.csv` (one row per evaluation: training wall time
-without evaluation, accuracy, bytes and requests read) and `summary.json` (stage timers,
-I/O, memory accounting, time to a target accuracy) to its run directory.
+without evaluation, accuracy, bytes and requests read), `steps.csv` (one row per step: its
+seconds and the reads made while it ran, background loads included) and `summary.json` (stage
+timers, I/O, memory accounting, time to a target accuracy) to its run directory.
 """
 from __future__ import annotations
 
@@ -16,7 +17,6 @@ import contextlib
 import json
 import os
 import platform
-import resource
 import time
 from pathlib import Path
 
@@ -32,15 +32,12 @@ from .io import IOStats
 from .models import build_model
 from .policies import make_policy
 from .store import open_store
+from .units import peak_rss
 
 LOG_COLUMNS = ["wall_s", "epoch", "step", "train_loss", "val_acc", "test_acc",
                "bytes_read", "requests", "peak_rss"]
+STEP_COLUMNS = ["epoch", "batch", "seconds", "bytes_read", "pages", "requests", "io_seconds"]
 WARMUP_STEPS = 2
-
-
-def peak_rss() -> int:
-    """Peak resident set size of this process in bytes (VmHWM)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def default_run_dir(cfg: TrainConfig) -> Path:
@@ -93,6 +90,7 @@ def _next_loads(steps) -> list:
 
 def train(cfg: TrainConfig) -> dict:
     """Run one training job; returns the summary (also written to the run directory)."""
+    t_enter = time.perf_counter()
     store = open_store(cfg.store)
     run_dir = Path(cfg.out) if cfg.out else default_run_dir(cfg)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -120,8 +118,12 @@ def train(cfg: TrainConfig) -> dict:
         eval_sets[split] = ids
 
     steps = list(policy.steps(cfg.epochs))        # deterministic; listed once for lookahead
+    epoch_steps = sum(1 for e, _, _ in steps if e == 0)
+    truncated = 0 < cfg.max_steps < len(steps)
+    if truncated:
+        steps = steps[:cfg.max_steps]
     next_load = _next_loads(steps)
-    timers, rows = _Timers(), []
+    timers, rows, step_rows = _Timers(), [], []
     train_s, loss_sum, loss_n = 0.0, 0.0, 0
     excluded = IOStats()                           # reads of evaluation and of cache fills
     excluded += policy.io()                        # e.g. OUTRE's static cache fill
@@ -133,7 +135,8 @@ def train(cfg: TrainConfig) -> dict:
         with timers("eval"):
             accs = {s: evaluate(model, g, policy.eval_gather, labels, ids, eval_fanouts,
                                 cfg.eval_batch_size, seed=cfg.seed + 7) for s, ids in eval_sets.items()}
-        excluded.__iadd__(policy.io() - before)
+        if policy.eval_reader is None:             # else a background load may be what was read
+            excluded.__iadd__(policy.io() - before)
         io = policy.io() - excluded
         rows.append({"wall_s": round(train_s, 4), "epoch": epoch, "step": step,
                      "train_loss": loss_sum / loss_n if loss_n else float("nan"),
@@ -146,7 +149,9 @@ def train(cfg: TrainConfig) -> dict:
     bar = tqdm(total=len(steps), desc=cfg.policy, unit="step", disable=not cfg.progress, leave=False)
     with policy.memory_cap():
         log_eval(0, 0)                             # accuracy at time 0; also part of the warm-up
+        setup_s = time.perf_counter() - t_enter
         for i, (epoch, b, step) in enumerate(steps):
+            io0 = policy.io()
             t0 = time.perf_counter()
             with timers("load"):
                 policy.before(step, next_load[i])
@@ -169,7 +174,10 @@ def train(cfg: TrainConfig) -> dict:
                 opt.step()
             del x, blocks
             loss_sum, loss_n = loss_sum + loss.item(), loss_n + 1
-            train_s += time.perf_counter() - t0
+            step_s = time.perf_counter() - t0
+            train_s += step_s
+            sio = policy.io() - io0
+            step_rows.append((epoch, b, step_s, sio.bytes_read, sio.pages, sio.requests, sio.seconds))
             bar.update()
             if i + 1 == WARMUP_STEPS:
                 policy.end_warmup()                # e.g. mmap: cap at budget + measured working set
@@ -186,13 +194,17 @@ def train(cfg: TrainConfig) -> dict:
     policy.close()
 
     log = pd.DataFrame(rows, columns=LOG_COLUMNS)
+    pd.DataFrame(step_rows, columns=STEP_COLUMNS).to_csv(run_dir / "steps.csv", index=False)
+    # a run cut by max_steps is extrapolated to a whole epoch at its mean step rate
+    epochs_run = len(steps) / max(1, epoch_steps) if truncated else cfg.epochs
     best = int(log["val_acc"].idxmax())
     reached = log[log["val_acc"] >= cfg.target_acc] if cfg.target_acc else log.iloc[:0]
     stage = {k: round(v, 3) for k, v in {**timers.s, **{f"bg_{k}": v for k, v in policy.timers.items()}}.items()}
     summary = {
         "policy": cfg.policy, "model": cfg.model, "store": str(store.path), "seed": cfg.seed,
-        "epochs": cfg.epochs, "steps": len(steps), "train_s": round(train_s, 3),
-        "epoch_s": round(train_s / cfg.epochs, 3), "stage_s": stage,
+        "epochs": cfg.epochs, "steps": len(steps), "epoch_steps": epoch_steps,
+        "train_s": round(train_s, 3), "epoch_s": round(train_s / epochs_run, 3),
+        "setup_s": round(setup_s, 3), "stage_s": stage,
         "best_val_acc": float(log["val_acc"][best]), "test_at_best_val": float(log["test_acc"][best]),
         "final_val_acc": float(log["val_acc"].iloc[-1]), "final_test_acc": float(log["test_acc"].iloc[-1]),
         "target_acc": cfg.target_acc,

@@ -1,5 +1,6 @@
-"""Byte sizes: parse `256MB`, `1.5GiB`, `4096` and format them back."""
+"""Byte sizes: parse `256MB`, `1.5GiB`, `4096` and format them back; the process's peak RSS."""
 import re
+import resource
 
 from .errors import UserError
 
@@ -28,3 +29,19 @@ def format_size(n: float) -> str:
         if abs(n) < 1024 or unit == "TiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
+
+
+def peak_rss() -> int:
+    """Peak resident set size of this process in bytes: VmHWM, else ru_maxrss.
+
+    VmHWM belongs to this process's address space; ru_maxrss of a child also carries its
+    parent's RSS at fork time (Linux keeps the larger across fork + exec).
+    """
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

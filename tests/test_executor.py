@@ -1,5 +1,6 @@
 """The executor against its oracles: simulated I/O, pipelining on/off, budgets, policies learn."""
 import numpy as np
+import pandas as pd
 import pytest
 
 from oocgnn.config import TrainConfig
@@ -44,7 +45,8 @@ def _simulated(store, cfg):
 def test_executed_io_equals_simulated(parted, tmp_path, policy, kw):
     """For the same seed, the bytes, pages and requests read equal the simulator's prediction."""
     cfg = _cfg(parted, tmp_path, policy=policy, **kw)
-    executed = train(cfg)["io"]
+    run = train(cfg)
+    executed = run["io"]
     sim = _simulated(parted, cfg)
     pages = sim["feature_pages_read"] + sim["load_feature_pages"]
     requests = sim["feature_requests"] + sim["load_feature_requests"]
@@ -55,6 +57,29 @@ def test_executed_io_equals_simulated(parted, tmp_path, policy, kw):
         assert executed["rows"] == sim["load_feature_rows"]
     else:
         assert executed["unique_rows"] == sim["feature_rows_read"]
+    per_step = pd.read_csv(f"{run['run_dir']}/steps.csv")
+    assert len(per_step) == run["steps"]
+    if policy == "outre":                             # every read happens inside a step
+        assert per_step["pages"].sum() == executed["pages"]
+    else:                                             # background loads may finish between steps
+        assert per_step["pages"].sum() <= executed["pages"]
+
+
+def test_background_loads_during_evaluation_still_count(parted, tmp_path, monkeypatch):
+    """Evaluating while the next mega-batch loads: its reads belong to training, not to evaluation."""
+    import time
+    from oocgnn import policies
+    read = policies._GroupLoader._read
+
+    def slow_read(self, step, half):
+        time.sleep(0.05)                              # still loading when the evaluation starts
+        return read(self, step, half)
+
+    monkeypatch.setattr(policies._GroupLoader, "_read", slow_read)
+    cfg = _cfg(parted, tmp_path, policy="hierbatching", parts_per_megabatch=4, static_ratio=0.02,
+               epochs=2, eval_every=1)
+    sim = _simulated(parted, cfg)
+    assert train(cfg)["io"]["pages"] == sim["feature_pages_read"] + sim["load_feature_pages"]
 
 
 def test_pipelining_changes_time_not_training(parted, tmp_path):

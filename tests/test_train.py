@@ -8,7 +8,7 @@ import pytest
 from oocgnn.config import TrainConfig
 from oocgnn.errors import UserError
 from oocgnn.memcap import probe
-from oocgnn.train import LOG_COLUMNS, train
+from oocgnn.train import LOG_COLUMNS, STEP_COLUMNS, train
 
 
 def _run(store, tmp_path, **kw):
@@ -30,6 +30,19 @@ def test_run_directory_contents(tiny_store, tmp_path):
     assert summary["steps"] == 4 and summary["memory_cap"]["enforced"] is False
     assert summary["best_val_acc"] == log["val_acc"].max()
     assert s["log"]["val_acc"].iloc[-1] > 1.5 / tiny_store.num_classes, "it learns"
+    steps = pd.read_csv(run / "steps.csv")
+    assert list(steps.columns) == STEP_COLUMNS and list(steps["epoch"]) == [0, 0, 1, 1]
+    assert steps["seconds"].sum() == pytest.approx(summary["train_s"], abs=1e-2)
+    assert summary["epoch_steps"] == 2 and summary["setup_s"] > 0
+
+
+def test_max_steps_stops_early_and_extrapolates_the_epoch(tiny_store, tmp_path):
+    s = _run(tiny_store, tmp_path, epochs=3, max_steps=3)     # 2 steps an epoch: stop inside epoch 2
+    assert s["steps"] == 3 and s["epoch_steps"] == 2
+    assert list(s["log"]["step"]) == [0, 2, 3], "evaluated at the end of epoch 1 and where it stopped"
+    assert s["epoch_s"] == pytest.approx(s["train_s"] * 2 / 3, abs=2e-3)
+    full = _run(tiny_store, tmp_path / "full", epochs=2, max_steps=99)   # more than the run: no cut
+    assert full["steps"] == 4 and full["epoch_s"] == pytest.approx(full["train_s"] / 2, abs=2e-3)
 
 
 def test_mmap_trains_exactly_like_inmemory(tiny_store, tmp_path):
@@ -69,6 +82,7 @@ def test_time_to_target(tiny_store, tmp_path):
 
 
 @pytest.mark.parametrize("kw, msg", [
+    ({"max_steps": -1}, "max_steps"),
     ({"policy": "magic"}, "unknown policy 'magic'"),
     ({"model": "bert"}, "unknown model 'bert'"),
     ({"fanouts": "10,x"}, "bad fanouts"),
