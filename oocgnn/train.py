@@ -32,7 +32,7 @@ from .io import IOStats
 from .models import build_model
 from .policies import make_policy
 from .store import open_store
-from .units import peak_rss
+from .units import peak_rss, reset_peak_rss
 
 LOG_COLUMNS = ["wall_s", "epoch", "step", "train_loss", "val_acc", "test_acc",
                "bytes_read", "requests", "peak_rss"]
@@ -91,6 +91,7 @@ def _next_loads(steps) -> list:
 def train(cfg: TrainConfig) -> dict:
     """Run one training job; returns the summary (also written to the run directory)."""
     t_enter = time.perf_counter()
+    reset_peak_rss()                               # this run's peak, not an earlier run's in this process
     store = open_store(cfg.store)
     run_dir = Path(cfg.out) if cfg.out else default_run_dir(cfg)
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -45,3 +45,14 @@ def peak_rss() -> int:
     except OSError:
         pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def reset_peak_rss() -> bool:
+    """Restart the VmHWM high-water mark at the current RSS (Linux clear_refs 5), so that
+    runs in one process (sweeps, notebooks) each report their own peak. False if unsupported."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False

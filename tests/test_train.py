@@ -81,6 +81,16 @@ def test_time_to_target(tiny_store, tmp_path):
     assert s["time_to_target_s"] is not None and s["time_to_target_s"] >= 0
 
 
+def test_peak_rss_is_the_runs_own(tiny_store, tmp_path):
+    """A sweep's runs share one process: each reports its own peak, not the process's past one."""
+    from oocgnn.units import peak_rss
+    big = np.ones(1 << 27)                                    # 1 GiB, touched, then freed
+    high = peak_rss()
+    del big
+    s = _run(tiny_store, tmp_path)
+    assert s["peak_rss"] < high - (512 << 20), (s["peak_rss"], high)
+
+
 @pytest.mark.parametrize("kw, msg", [
     ({"max_steps": -1}, "max_steps"),
     ({"policy": "magic"}, "unknown policy 'magic'"),
