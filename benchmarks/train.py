@@ -120,7 +120,7 @@ def ensure_store(preset, parts, data_dir: Path):
                              f"not fennel with {parts}; remove it or choose another --parts")
         secs, rss, wall = parse_prepare_log(log.read_text()) if log.is_file() else (None, None, None)
         print(f"reusing {path}" + (f" (prepared earlier: {secs:.0f} s, peak RSS {fmt_bytes(rss)}; "
-                                   f"log {log.relative_to(REPO)})" if secs else ""), flush=True)
+                                   f"log {log})" if secs else ""), flush=True)
         return store, {"reused": True, "seconds": secs, "peak_rss": rss, "wall": wall}
     cmd = [str(REPO / ".venv" / "bin" / "oocgnn"), "prepare", "synthetic", "--preset", preset,
            "--partitioner", "fennel", "--parts", str(parts), "--out", str(path), "--quiet"]
