@@ -26,7 +26,7 @@ import torch
 from .errors import UserError
 from .io import IOStats, drop_file_cache
 from .memcap import MemoryCap
-from .schedules import batch_seed, make_schedule, sample_blocks
+from .schedules import batch_seed, induced_csc, make_schedule, sample_blocks
 from .units import format_size
 
 
@@ -211,6 +211,8 @@ class _GroupLoader:
         self.buffer = 0                               # which half holds the current group
 
     def _read(self, step, half):
+        """Read `step`'s rows into buffer `half`, then build the subgraph its rows induce (the loader
+        prepares both, HierBatching §3.3); returns (seconds reading, the subgraph's CSC)."""
         t = time.perf_counter()
         base = self.policy.group_base + half * self.capacity
         reader, res = self.policy.reader, self.policy.resident
@@ -222,17 +224,22 @@ class _GroupLoader:
             for lo, hi in step.enter_ranges:
                 res.rows[pos:pos + hi - lo] = torch.from_numpy(reader.read_range(lo, hi))
                 pos += hi - lo
-        return time.perf_counter() - t
+        seconds, t = time.perf_counter() - t, time.perf_counter()
+        induced = induced_csc(self.policy.store.graph(), step.visible) if step.visible is not None else None
+        self.policy._time("subgraph", time.perf_counter() - t)
+        return seconds, induced
 
     def load(self, step, next_step):
         """Make `step`'s ranges resident; start loading `next_step`'s into the other half."""
         half = 1 - self.buffer if self.pipeline else 0
         if self.pending is not None and self.pending[0] is step:
             t = time.perf_counter()
-            self.policy._time("load", self.pending[1].result())
+            seconds, induced = self.pending[1].result()
             self.policy._time("wait", time.perf_counter() - t)
         else:
-            self.policy._time("load", self._read(step, half))
+            seconds, induced = self._read(step, half)
+        self.policy._time("load", seconds)
+        self.policy.induced = (step.visible, induced)
         self.pending = None
         self.buffer = half
         if self.pipeline and next_step is not None:
@@ -268,6 +275,7 @@ class HierBatchingPolicy(Policy):
         self.group_base = len(self.static_ids)
         self.resident = ResidentRows(store.num_nodes, store.feat_dim, self.group_base + halves * group_rows)
         self.loader = _GroupLoader(self, group_rows, cfg.pipeline)
+        self.induced = (None, None)                   # (visible, its subgraph's CSC) of the current group
         self.eval_reader = store.reader("mmap")     # evaluation is outside the measured run
 
     def rule(self) -> dict:
@@ -292,6 +300,12 @@ class HierBatchingPolicy(Policy):
             ids = np.concatenate([np.arange(lo, hi) for lo, hi in step.enter_ranges])
             res.slot[ids] = np.arange(base, base + len(ids), dtype=np.int32)
             res.slot[self.static_ids] = np.arange(len(self.static_ids), dtype=np.int32)
+
+    def sample(self, g, epoch, b, step):
+        visible, induced = self.induced
+        return sample_blocks(g, step.seeds, self.cfg.fanout_list, step.visible,
+                             seed=batch_seed(self.cfg.seed, epoch, b),
+                             induced=induced if visible is step.visible else None)
 
     def eval_gather(self, ids):
         return torch.from_numpy(self.eval_reader.read_rows(ids))

@@ -159,6 +159,26 @@ def test_sample_blocks_seeded_and_checks_visible(parted, graph):
         sample_blocks(graph, seeds, [5], visible=np.arange(10, dtype=np.int64))
 
 
+@pytest.mark.parametrize("size", [1, 37, 2500, "all"])
+def test_induced_csc_is_dgl_node_subgraph(graph, size):
+    """The fast induced subgraph is exactly DGL's (same neighbour order, so the same samples)."""
+    import dgl
+    from oocgnn.schedules import induced_csc
+    n = graph.num_nodes()
+    visible = np.arange(n) if size == "all" else np.sort(np.random.default_rng(size).choice(n, size, replace=False))
+    indptr, indices = induced_csc(graph, visible)
+    sg = dgl.node_subgraph(graph, torch.from_numpy(visible))
+    want = sg.adj_tensors("csc")
+    np.testing.assert_array_equal(indptr, want[0].numpy())
+    np.testing.assert_array_equal(indices, want[1].numpy())
+    local = np.arange(max(1, len(visible) // 10))
+    dgl.seed(3)
+    want_in = dgl.dataloading.NeighborSampler([5, 5]).sample(sg, torch.from_numpy(local))[0]
+    for induced in (None, (indptr, indices)):                 # a new `visible` object: rebuilt
+        got_in = sample_blocks(graph, visible[local], [5, 5], visible.copy(), seed=3, induced=induced)[0]
+        assert torch.equal(got_in, torch.from_numpy(visible)[want_in])
+
+
 @pytest.mark.parametrize("name,kw", [("nope", {}), ("random", {"batch_size": 0}),
                                      ("partition", {"n_per_macro": 0}),
                                      ("megabatch", {"passes": 0}), ("megabatch", {"static_scope": "x"}),
