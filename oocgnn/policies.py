@@ -276,7 +276,7 @@ class HierBatchingPolicy(Policy):
         self.resident = ResidentRows(store.num_nodes, store.feat_dim, self.group_base + halves * group_rows)
         self.loader = _GroupLoader(self, group_rows, cfg.pipeline)
         self.induced = (None, None)                   # (visible, its subgraph's CSC) of the current group
-        self.eval_reader = store.reader("mmap")     # evaluation is outside the measured run
+        self.eval_reader = store.reader("direct")   # evaluation: outside the measured run, no page cache
 
     def rule(self) -> dict:
         """HierBatching App. B: 2(r_s + r_d)(A + B) <= C, with A, B the feature and topology bytes."""
@@ -343,7 +343,7 @@ class OutrePolicy(Policy):
         if len(self.static_ids):
             self.resident.place(self.static_ids, 0, self.reader.read_rows(self.static_ids))
         self._time("load", time.perf_counter() - t)
-        self.eval_reader = store.reader("mmap")       # evaluation is outside the measured run
+        self.eval_reader = store.reader("direct")     # evaluation: outside the measured run, no page cache
 
     def _history_dim(self):
         """Width of h^(L-1): hidden, or the concatenated heads of GAT."""
