@@ -68,8 +68,9 @@ class Policy:
 
     # -- memory ------------------------------------------------------------------------------
     def memory(self) -> dict:
-        """Bytes this policy keeps resident, by kind (topology is resident for every policy)."""
-        topo = self.store.indptr.nbytes + self.store.num_edges * np.dtype(self.store.meta["index_dtype"]).itemsize
+        """Bytes this policy keeps resident, by kind. The topology is resident for every policy, as
+        the sampler's DGL graph: an int64 CSC, twice an int32 store's indices.bin."""
+        topo = self.store.indptr.nbytes + self.store.num_edges * 8
         out = {"feature_rows": self.resident.rows.numel() * 4, "slot_table": self.resident.slot.nbytes,
                "topology": topo}
         if self.history is not None:
@@ -281,7 +282,7 @@ class HierBatchingPolicy(Policy):
     def rule(self) -> dict:
         """HierBatching App. B: 2(r_s + r_d)(A + B) <= C, with A, B the feature and topology bytes."""
         a = self.store.num_nodes * self.store.row_stride
-        b = self.memory()["topology"]
+        b = self.store.indptr.nbytes + self.store.num_edges * np.dtype(self.store.meta["index_dtype"]).itemsize
         r_d = self.cfg.parts_per_megabatch / self.schedule.num_parts
         need = (2 if self.cfg.pipeline else 1) * (self.cfg.static_ratio + r_d) * (a + b)
         return {"r_s": self.cfg.static_ratio, "r_d": r_d, "A": a, "B": b, "need": int(need),

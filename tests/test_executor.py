@@ -144,3 +144,13 @@ def test_hb_minus_scattered_loads_agree_with_simulation(tiny_store, parted, tmp_
     seq = train(_cfg(parted, tmp_path / "seq", **kw))["io"]
     assert executed["rows"] == seq["rows"], "the same rows are loaded"
     assert executed["requests"] > 3 * seq["requests"], "but scattered: many more requests"
+
+
+def test_memory_account_counts_the_sampling_graph(parted, tmp_path):
+    """The topology a policy reports is what the sampler holds: DGL's int64 CSC, not indices.bin."""
+    policy = make_policy(parted, _cfg(parted, tmp_path, policy="hierbatching", parts_per_megabatch=4))
+    indptr, indices, _ = parted.graph().adj_tensors("csc")
+    assert policy.memory()["topology"] == indptr.numel() * indptr.element_size() + indices.numel() * 8
+    index_bytes = np.dtype(parted.meta["index_dtype"]).itemsize * parted.num_edges
+    assert policy.rule()["B"] == parted.indptr.nbytes + index_bytes, "App. B's B: the stored topology"
+    policy.close()
