@@ -235,7 +235,8 @@ class MegabatchSchedule(_GroupSchedule):
         t = _ids_of_ranges(ranges)
         if self.static_scope == "all":
             return np.union1d(t, self.static_ids)
-        indptr, indices = self.store.indptr, self.store.indices
+        indptr, indices, _ = self.store.graph().adj_tensors("csc")   # the sampler's CSC: no second copy
+        indptr, indices = indptr.numpy(), indices.numpy()
         nbr = indices[_ids_of_ranges([(indptr[lo], indptr[hi]) for lo, hi in ranges])]
         adj = nbr[self._static_mask[nbr]]
         return np.union1d(t, adj.astype(np.int64))

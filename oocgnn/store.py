@@ -322,7 +322,12 @@ class Store:
         import dgl
         import torch
         indptr = torch.from_numpy(self.indptr)
-        indices = torch.from_numpy(self.indices.astype(np.int64, copy=False))
+        # read afresh (not the cached `indices`): only the int64 copy stays resident
+        stored = self.__dict__.get("indices")
+        if stored is None:
+            stored = np.fromfile(self.path / "indices.bin", dtype=self.meta["index_dtype"])
+        indices = torch.from_numpy(stored.astype(np.int64, copy=False))
+        del stored
         return dgl.graph(("csc", (indptr, indices, torch.empty(0, dtype=torch.int64))),
                          num_nodes=self.num_nodes).formats("csc")
 

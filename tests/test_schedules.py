@@ -186,3 +186,13 @@ def test_induced_csc_is_dgl_node_subgraph(graph, size):
 def test_bad_parameters(parted, name, kw):
     with pytest.raises(UserError):
         make_schedule(name, parted, **kw)
+
+
+def test_megabatch_visible_keeps_one_copy_of_the_topology(tiny_data, tmp_path):
+    """Sampling graph and static adjacency share DGL's CSC: the store's indices are not cached too."""
+    from oocgnn.store import write_store
+    store = write_store(tiny_data, tmp_path / "s", part_offsets=np.linspace(0, tiny_data.num_nodes, 9).astype(int),
+                        progress=False)
+    steps = list(make_schedule("megabatch", store, **PARAMS["megabatch"]).epoch(0))
+    assert any(s.visible is not None and len(s.visible) for s in steps)
+    assert "indices" not in vars(store), "an int32 copy of indices.bin would stay beside the int64 graph"
