@@ -1,9 +1,12 @@
 """nbval glue: the committed notebooks are clean (no execution counts), yet their stored outputs
 are the reference nbval checks, so mark every code cell with outputs as run before comparing."""
 import os
+import tempfile
 
 # DGL's OpenMP sampling is reproducible only on one thread; kernels inherit this environment.
 os.environ["OMP_NUM_THREADS"] = "1"
+# checking a notebook must not rewrite the committed figures/ (timings differ run to run)
+os.environ.setdefault("OOCGNN_FIGURES", tempfile.mkdtemp(prefix="oocgnn-figures-"))
 
 
 def pytest_collection_modifyitems(items):
