@@ -52,3 +52,14 @@ def test_every_command_has_help():
     for cmd in ([], ["prepare"], ["info"], ["train"], ["report"]):
         r = oocgnn(*cmd, "--help")
         assert r.returncode == 0 and "usage: oocgnn" in r.stdout
+
+
+def test_train_has_a_flag_for_every_setting():
+    """Every TrainConfig field can be set from the command line (notebooks and CLI share names)."""
+    import argparse
+    from dataclasses import fields
+    from oocgnn.cli import build_parser
+    from oocgnn.config import TrainConfig
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    dests = {a.dest for a in sub.choices["train"]._actions}
+    assert {f.name for f in fields(TrainConfig)} <= dests
