@@ -140,8 +140,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="bytes the policy may keep resident, e.g. 256MB (default)")
     tr.add_argument("--eval-every", dest="eval_every", type=int,
                     help="evaluate every N steps (default: each epoch)")
-    tr.add_argument("--eval-fanouts", dest="eval_fanouts", help="fanouts of evaluation (default: the training fanouts; -1 = all)")
-    tr.add_argument("--eval-batch-size", dest="eval_batch_size", type=int, help="evaluation batch size (default 1024)")
+    tr.add_argument("--eval-fanouts", dest="eval_fanouts",
+                    help="fanouts of evaluation (default: the training fanouts; -1 = all)")
+    tr.add_argument("--eval-batch-size", dest="eval_batch_size", type=int,
+                    help="evaluation batch size (default 1024)")
     tr.add_argument("--max-eval-nodes", dest="max_eval_nodes", type=int,
                     help="evaluate on a fixed subset of this many nodes per split (0: all)")
     tr.add_argument("--target-acc", dest="target_acc", type=float,
