@@ -55,6 +55,7 @@ class Policy:
     name = "base"
     reader_kind = "direct"
     eval_reader = None       # evaluation's own reader; None: it reads through `reader` (subtracted)
+    induced = (None, None)   # (visible, the CSC it induces) when a loader built it ahead of sampling
 
     def __init__(self, store, cfg):
         self.store, self.cfg = store, cfg
@@ -118,8 +119,10 @@ class Policy:
         policy starts loading it in the background now."""
 
     def sample(self, g, epoch, b, step):
+        visible, induced = self.induced
         return sample_blocks(g, step.seeds, self.cfg.fanout_list, step.visible,
-                             seed=batch_seed(self.cfg.seed, epoch, b))
+                             seed=batch_seed(self.cfg.seed, epoch, b),
+                             induced=induced if visible is step.visible else None)
 
     def gather(self, ids: np.ndarray) -> torch.Tensor:
         """Feature rows of `ids`: resident ones from RAM, the rest through the reader."""
@@ -276,7 +279,6 @@ class HierBatchingPolicy(Policy):
         self.group_base = len(self.static_ids)
         self.resident = ResidentRows(store.num_nodes, store.feat_dim, self.group_base + halves * group_rows)
         self.loader = _GroupLoader(self, group_rows, cfg.pipeline)
-        self.induced = (None, None)                   # (visible, its subgraph's CSC) of the current group
         self.eval_reader = store.reader("direct")   # evaluation: outside the measured run, no page cache
 
     def rule(self) -> dict:
@@ -301,12 +303,6 @@ class HierBatchingPolicy(Policy):
             ids = np.concatenate([np.arange(lo, hi) for lo, hi in step.enter_ranges])
             res.slot[ids] = np.arange(base, base + len(ids), dtype=np.int32)
             res.slot[self.static_ids] = np.arange(len(self.static_ids), dtype=np.int32)
-
-    def sample(self, g, epoch, b, step):
-        visible, induced = self.induced
-        return sample_blocks(g, step.seeds, self.cfg.fanout_list, step.visible,
-                             seed=batch_seed(self.cfg.seed, epoch, b),
-                             induced=induced if visible is step.visible else None)
 
     def eval_gather(self, ids):
         return torch.from_numpy(self.eval_reader.read_rows(ids))
