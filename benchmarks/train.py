@@ -147,7 +147,7 @@ def choose_megabatch(store, budget, static_ratio, pipeline=True):
     policy's own accounting ((static + halves * N_d largest parts) rows + slot table) both fit."""
     import numpy as np
     a = store.num_nodes * store.row_stride
-    b = store.indptr.nbytes + store.num_edges * np.dtype(store.meta["index_dtype"]).itemsize
+    b = store.topology_nbytes
     sizes = np.sort(np.diff(store.part_offsets))[::-1]
     halves = 2 if pipeline else 1
     best = None

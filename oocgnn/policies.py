@@ -284,7 +284,7 @@ class HierBatchingPolicy(Policy):
     def rule(self) -> dict:
         """HierBatching App. B: 2(r_s + r_d)(A + B) <= C, with A, B the feature and topology bytes."""
         a = self.store.num_nodes * self.store.row_stride
-        b = self.store.indptr.nbytes + self.store.num_edges * np.dtype(self.store.meta["index_dtype"]).itemsize
+        b = self.store.topology_nbytes
         r_d = self.cfg.parts_per_megabatch / self.schedule.num_parts
         need = (2 if self.cfg.pipeline else 1) * (self.cfg.static_ratio + r_d) * (a + b)
         return {"r_s": self.cfg.static_ratio, "r_d": r_d, "A": a, "B": b, "need": int(need),

@@ -307,6 +307,11 @@ class Store:
     def degrees(self):
         return np.diff(self.indptr)
 
+    @property
+    def topology_nbytes(self) -> int:
+        """indptr + indices as stored (HierBatching App. B's B)."""
+        return self.indptr.nbytes + self.num_edges * np.dtype(self.meta["index_dtype"]).itemsize
+
     def reader(self, kind="direct", **kw):
         """A feature reader over this store ('direct', 'mmap' or 'memory'); see `oocgnn.io`."""
         return open_reader(kind, self.features_path, self.num_nodes, self.feat_dim,
