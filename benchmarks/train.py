@@ -62,12 +62,8 @@ def loadavg():
 
 
 def fmt_bytes(n):
-    if n is None:
-        return "-"
-    for unit, k in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
-        if abs(n) >= 1 << k:
-            return f"{n / (1 << k):.2f} {unit}" if unit == "GiB" else f"{n / (1 << k):.0f} {unit}"
-    return f"{n} B"
+    from oocgnn.units import format_size
+    return "-" if n is None else format_size(n)
 
 
 # ---- the worker: one configuration in this (fresh) process --------------------------------------
@@ -83,9 +79,9 @@ def worker(args):
     t_imports = time.perf_counter() - t_start
     summary = train(cfg)
     summary.pop("log", None)
-    steps = pd.read_csv(Path(summary["run_dir"]) / "steps.csv").rename(columns={"io_seconds": "seconds_io"})
+    steps = pd.read_csv(Path(summary["run_dir"]) / "steps.csv")
     out = {"summary": summary, "step_s": steps["seconds"].tolist(),
-           "step_io": [{"bytes_read": r.bytes_read, "pages": r.pages, "seconds": r.seconds_io}
+           "step_io": [{"bytes_read": r.bytes_read, "pages": r.pages, "seconds": r.io_seconds}
                        for r in steps.itertuples()],
            "epoch_steps": summary["epoch_steps"], "limit_steps": args.limit_steps,
            "setup_s": t_imports + summary["setup_s"], "peak_rss": summary["peak_rss"],
@@ -175,14 +171,7 @@ def device_limits(path, reps=3, seq_mib=256, ios=32768, seed=0):
     bio.drop_cache(path)
     rng = np.random.default_rng(seed)
     fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
-    # liburing bindings: oocgnn.direct._L (oocgnn.io._L before DirectReader moved); raw_uring looks in bio.oio
-    try:
-        from oocgnn import direct as lib
-    except ImportError:
-        lib = bio.oio
-    uring = getattr(lib, "_L", None) is not None
-    if uring:
-        bio.oio = lib
+    uring = bio.odirect._L is not None            # the liburing binding raw_uring uses
     res = {}
     nseq = min(seq_mib, max(1, size // MiB // 2)) * MiB      # at most half the file per repetition
     ios = min(ios, size // PAGE // 2)
