@@ -26,7 +26,8 @@ import torch
 from .errors import UserError
 from .io import IOStats, drop_file_cache
 from .memcap import MemoryCap
-from .schedules import batch_seed, induced_csc, make_schedule, sample_blocks
+from .sampler import Sampler, induced_csc, sampled_steps
+from .schedules import make_schedule
 from .units import format_size
 
 
@@ -55,7 +56,6 @@ class Policy:
     name = "base"
     reader_kind = "direct"
     eval_reader = None       # evaluation's own reader; None: it reads through `reader` (subtracted)
-    induced = (None, None)   # (visible, the CSC it induces) when a loader built it ahead of sampling
 
     def __init__(self, store, cfg):
         self.store, self.cfg = store, cfg
@@ -66,6 +66,7 @@ class Policy:
         self.io_before_switch = IOStats()              # stats of readers replaced mid-run
         self.timers = {}
         self.history = None
+        self.sampler = Sampler(store.graph(), cfg.fanout_list, cfg.seed)
 
     # -- memory ------------------------------------------------------------------------------
     def memory(self) -> dict:
@@ -118,11 +119,6 @@ class Policy:
         `next_load` is the next later step that loads ranges (None at the end): a pipelined
         policy starts loading it in the background now."""
 
-    def sample(self, g, epoch, b, step):
-        visible, induced = self.induced
-        return sample_blocks(g, step.seeds, self.cfg.fanout_list, step.visible,
-                             seed=batch_seed(self.cfg.seed, epoch, b),
-                             induced=induced if visible is step.visible else None)
 
     def gather(self, ids: np.ndarray) -> torch.Tensor:
         """Feature rows of `ids`: resident ones from RAM, the rest through the reader."""
@@ -243,7 +239,8 @@ class _GroupLoader:
         else:
             seconds, induced = self._read(step, half)
         self.policy._time("load", seconds)
-        self.policy.induced = (step.visible, induced)
+        if induced is not None:
+            self.policy.sampler.prepare(step.visible, induced)
         self.pending = None
         self.buffer = half
         if self.pipeline and next_step is not None:
@@ -382,13 +379,9 @@ def regroup_assignment(store, cfg):
 
 def profile_accesses(store, schedule, fanouts, seed=1, epochs=1) -> np.ndarray:
     """How often each node's features are requested in `epochs` sampled epochs (OUTRE §4.4 profiling)."""
-    import dgl
-    g = store.graph()
     counts = np.zeros(store.num_nodes, dtype=np.int64)
-    for e in range(epochs):
-        for b, step in enumerate(schedule.epoch(e)):
-            blocks = sample_blocks(g, step.seeds, fanouts, step.visible, seed=batch_seed(seed, e, b))[2]
-            counts[blocks[0].srcdata[dgl.NID].numpy()] += 1
+    for _, _, _, _, sample in sampled_steps(schedule, Sampler(store.graph(), fanouts, seed), epochs):
+        counts[sample.input_nodes] += 1
     return counts
 
 

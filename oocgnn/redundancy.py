@@ -17,7 +17,8 @@ import numpy as np
 import pandas as pd
 
 from .errors import UserError
-from .schedules import batch_seed, make_schedule, sample_blocks
+from .sampler import Sampler, sampled_steps
+from .schedules import make_schedule
 from .simulate import simulate, summarize
 
 _TOTALS = ("seeds", "input_nodes", "feature_rows_read", "feature_pages_read", "neighbour_lists_read",
@@ -92,22 +93,21 @@ def importance(store, fanouts, schedule="random", epochs=1, seed=0, g=None, prog
     g = store.graph() if g is None else g
     gather = np.zeros(store.num_nodes, dtype=np.float64)
     sample = np.zeros(store.num_nodes, dtype=np.float64)
-    for epoch in range(epochs):
-        steps = tqdm(schedule.epoch(epoch), desc="importance", disable=not progress, leave=False)
-        for b, step in enumerate(steps):
-            blocks = sample_blocks(g, step.seeds, fanouts, step.visible, seed=batch_seed(seed, epoch, b))[2]
-            c = np.ones(blocks[0].num_src_nodes())          # first-discoverer forest sizes
-            t = np.ones(blocks[0].num_src_nodes())          # sampled sub-tree sizes
-            for blk in blocks[:-1]:                         # hop L-1 (outermost) ... hop 1
-                nd = blk.num_dst_nodes()
-                ids, parent = _first_discoverer(blk)
-                c = c[:nd] + np.bincount(parent, weights=c[ids], minlength=nd)
-                src, dst = (x.numpy() for x in blk.edges())
-                t = 1.0 + np.bincount(dst, weights=t[src], minlength=nd)
-            hop1 = blocks[-1].srcdata[dgl.NID].numpy()
-            k = blocks[-1].num_dst_nodes()                  # seeds first: never skipped
-            gather[hop1[k:]] += c[k:] - 1
-            sample[hop1[k:]] += t[k:] - 1
+    walk = sampled_steps(schedule, Sampler(g, fanouts, seed), epochs)
+    for _, _, _, _, smp in tqdm(walk, desc="importance", disable=not progress, leave=False):
+        blocks = smp.blocks
+        c = np.ones(blocks[0].num_src_nodes())          # first-discoverer forest sizes
+        t = np.ones(blocks[0].num_src_nodes())          # sampled sub-tree sizes
+        for blk in blocks[:-1]:                         # hop L-1 (outermost) ... hop 1
+            nd = blk.num_dst_nodes()
+            ids, parent = _first_discoverer(blk)
+            c = c[:nd] + np.bincount(parent, weights=c[ids], minlength=nd)
+            src, dst = (x.numpy() for x in blk.edges())
+            t = 1.0 + np.bincount(dst, weights=t[src], minlength=nd)
+        hop1 = blocks[-1].srcdata[dgl.NID].numpy()
+        k = blocks[-1].num_dst_nodes()                  # seeds first: never skipped
+        gather[hop1[k:]] += c[k:] - 1
+        sample[hop1[k:]] += t[k:] - 1
     return pd.DataFrame({"degree": store.degrees(), "saved_gather": gather.astype(np.int64),
                          "saved_sample": sample.astype(np.int64)})
 

@@ -1,4 +1,4 @@
-"""Batch schedules (the policy layer: what is resident, which batches) and the sampler both back ends share.
+"""Batch schedules: which batches, and what enters and leaves memory before each (the plans' step streams).
 
 A schedule yields, per epoch, `Step`s: one mini-batch of seed nodes plus the residency change
 that happens *before* it. Three policies, one contract (`schedule.epoch(e)`, deterministic
@@ -27,7 +27,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import numba
 import numpy as np
 
 from .errors import UserError
@@ -116,6 +115,12 @@ class Schedule:
 
     def epoch(self, epoch: int):
         raise NotImplementedError
+
+    def steps(self, epochs: int):
+        """(epoch, batch index, Step) of `epochs` epochs from epoch 0, in order."""
+        for e in range(int(epochs)):
+            for b, step in enumerate(self.epoch(e)):
+                yield e, b, step
 
     def __repr__(self):
         args = ", ".join(f"{k}={v}" for k, v in self.params().items())
@@ -258,103 +263,3 @@ def make_schedule(name, store, **params) -> Schedule:
     if name not in SCHEDULES:
         raise UserError(f"unknown schedule {name!r}; choose from {', '.join(SCHEDULES)}")
     return SCHEDULES[name](store, **params)
-
-
-# ---------------------------------------------------------------------------------------------
-# The sampler both back ends call, so simulated and executed batches are the same.
-
-_SAMPLERS: dict = {}
-_SUBGRAPH: list = [None, None, None]        # (g, visible, induced subgraph): one residency group at a time
-
-
-def batch_seed(seed, epoch, batch) -> int:
-    """DGL seed of one batch: sampling is reproducible per batch, whatever ran in between."""
-    state = np.random.SeedSequence([int(seed), int(epoch), int(batch)]).generate_state(1)[0]
-    return int(state >> 1)                       # dgl.seed takes a non-negative int32
-
-
-@numba.njit(nogil=True, cache=True)
-def _popcount(x):
-    x = x - ((x >> np.uint64(1)) & np.uint64(0x5555555555555555))
-    x = (x & np.uint64(0x3333333333333333)) + ((x >> np.uint64(2)) & np.uint64(0x3333333333333333))
-    x = (x + (x >> np.uint64(4))) & np.uint64(0x0F0F0F0F0F0F0F0F)
-    return (x * np.uint64(0x0101010101010101)) >> np.uint64(56)
-
-
-@numba.njit(nogil=True, cache=True)
-def _induced_csc(indptr, indices, visible, num_nodes):
-    # membership is a bitmap (N/8 bytes, cache-resident) and a node's local id its rank in it
-    words = (num_nodes + 63) // 64
-    bits = np.zeros(words, dtype=np.uint64)
-    for v in visible:
-        bits[v >> 6] |= np.uint64(1) << np.uint64(v & 63)
-    rank = np.empty(words, dtype=np.int64)
-    r = 0
-    for w in range(words):
-        rank[w] = r
-        r += _popcount(bits[w])
-    n = len(visible)
-    out_ptr = np.zeros(n + 1, dtype=np.int64)
-    for i in range(n):
-        c = 0
-        for k in range(indptr[visible[i]], indptr[visible[i] + 1]):
-            u = indices[k]
-            c += (bits[u >> 6] >> np.uint64(u & 63)) & np.uint64(1)
-        out_ptr[i + 1] = out_ptr[i] + c
-    out = np.empty(out_ptr[n], dtype=np.int64)
-    for i in range(n):
-        pos = out_ptr[i]
-        for k in range(indptr[visible[i]], indptr[visible[i] + 1]):
-            u = indices[k]
-            word, shift = bits[u >> 6], np.uint64(u & 63)
-            if (word >> shift) & np.uint64(1):
-                out[pos] = rank[u >> 6] + _popcount(word & ((np.uint64(1) << shift) - np.uint64(1)))
-                pos += 1
-    return out_ptr, out
-
-
-def induced_csc(g, visible) -> tuple:
-    """(indptr, indices) of the subgraph of DGL graph `g` induced by sorted ids `visible`, in local
-    ids with every neighbour list's order kept: the CSC `dgl.node_subgraph` builds, about 2.5x
-    faster, and without the GIL, so a loader thread can build the next group's (HierBatching §3.3)."""
-    indptr, indices, _ = g.adj_tensors("csc")
-    return _induced_csc(indptr.numpy(), indices.numpy(), np.asarray(visible, dtype=np.int64), g.num_nodes())
-
-
-def _subgraph(csc):
-    import dgl
-    import torch
-    indptr, indices = (torch.from_numpy(a) for a in csc)
-    return dgl.graph(("csc", (indptr, indices, torch.empty(0, dtype=torch.int64))),
-                     num_nodes=len(indptr) - 1).formats("csc")
-
-
-def sample_blocks(g, seeds, fanouts, visible=None, seed=None, induced=None):
-    """(input_nodes, output_nodes, blocks) of DGL's NeighborSampler(fanouts) for `seeds`.
-
-    With `visible` (sorted store ids containing the seeds), sampling runs on the subgraph
-    induced by it (built once per `visible` object and reused while the same array is passed),
-    so it never leaves the resident set; `induced` is its `induced_csc` when already built.
-    Ids are global in the result, including every block's srcdata/dstdata[dgl.NID]. `seed`
-    reseeds DGL first (see `batch_seed`).
-    """
-    import dgl
-    import torch
-    key = tuple(int(f) for f in fanouts)
-    sampler = _SAMPLERS.get(key) or _SAMPLERS.setdefault(key, dgl.dataloading.NeighborSampler(list(key)))
-    seeds = np.asarray(seeds, dtype=np.int64)
-    if seed is not None:
-        dgl.seed(seed)
-    if visible is None:
-        return sampler.sample(g, torch.from_numpy(seeds))
-    if _SUBGRAPH[0] is not g or _SUBGRAPH[1] is not visible:
-        _SUBGRAPH[:] = [g, visible, _subgraph(induced if induced is not None else induced_csc(g, visible))]
-    sg, vis = _SUBGRAPH[2], torch.from_numpy(visible)
-    local = np.minimum(np.searchsorted(visible, seeds), len(visible) - 1)
-    if not np.array_equal(visible[local], seeds):
-        raise UserError("sample_blocks: every seed must be in `visible`")
-    input_nodes, output_nodes, blocks = sampler.sample(sg, torch.from_numpy(local))
-    for b in blocks:
-        b.srcdata[dgl.NID] = vis[b.srcdata[dgl.NID]]
-        b.dstdata[dgl.NID] = vis[b.dstdata[dgl.NID]]
-    return vis[input_nodes], vis[output_nodes], blocks

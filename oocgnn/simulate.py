@@ -1,7 +1,7 @@
 """Exact I/O simulation of a schedule: sample every batch, read nothing, count everything.
 
-`simulate` replays a schedule (`oocgnn.schedules`) with the same seeded DGL sampler the
-executor uses (`sample_blocks`) and counts, per batch, what the store layout implies:
+`simulate` replays a schedule (`oocgnn.schedules`) with the same seeded sampler the
+executor uses (`oocgnn.sampler`) and counts, per batch, what the store layout implies:
 feature rows and 4 KiB pages read from features.bin (rows sharing a page within a batch are
 read once, as DirectReader coalesces them), neighbour lists and pages read from indices.bin,
 and the sequential loads of residency changes. Resident data is never read again:
@@ -21,7 +21,8 @@ from tqdm.auto import tqdm
 
 from .errors import UserError
 from .io import PAGE, range_requests, request_breaks
-from .schedules import _ids_of_ranges, batch_seed, make_schedule, sample_blocks
+from .sampler import Sampler, sampled_steps
+from .schedules import _ids_of_ranges, make_schedule
 
 DATA = ("features", "adjacency")
 
@@ -197,7 +198,7 @@ def simulate(store, schedule, fanouts, epochs=1, seed=0, feature_cache=None, nei
              history=None, progress=True, g=None, **schedule_params) -> pd.DataFrame:
     """One row per batch of `epochs` epochs of `schedule` (a Schedule, or a name + schedule_params).
 
-    `seed` seeds the sampler per batch (`batch_seed(seed, epoch, batch)`) and a schedule given
+    `seed` seeds the sampler per batch (`sampler.batch_seed(seed, epoch, batch)`) and a schedule given
     by name. feature_cache / neighbour_cache: ids (or masks) always resident at no cost;
     history: ids (or a mask) reusing h^(L−1), adding the `*_hist` columns. `g`: the store's
     DGL graph, if already built. `df.attrs` holds the schedule, fanouts and wall seconds.
@@ -210,18 +211,18 @@ def simulate(store, schedule, fanouts, epochs=1, seed=0, feature_cache=None, nei
     hist = None if history is None else _as_mask(history, store.num_nodes)
     rows, t0 = [], time.perf_counter()
     bar = tqdm(desc=f"simulate {schedule.name}", unit="batch", disable=not progress, leave=False)
-    for epoch in range(epochs):
-        for b, step in enumerate(schedule.epoch(epoch)):
-            row = {"epoch": epoch, "batch": b, "group": step.group, "seeds": len(step.seeds),
-                   "visible_nodes": store.num_nodes if step.visible is None else len(step.visible)}
-            load = res.apply(step)
-            blocks = sample_blocks(g, step.seeds, fanouts, step.visible, seed=batch_seed(seed, epoch, b))[2]
-            row.update(count_batch(res.layout, res.resident, blocks, hist))
-            row.update(load, load_pages=load["load_feature_pages"] + load["load_adjacency_pages"])
-            row["load_bytes"] = row["load_pages"] * PAGE
-            row["resident_feature_rows"], row["resident_adjacency_nodes"] = (res.counts[d] for d in DATA)
-            rows.append(row)
-            bar.update()
+    loads = {}
+    for i, epoch, b, step, sample in sampled_steps(schedule, Sampler(g, fanouts, seed), epochs,
+                                                   before=lambda i, step: loads.__setitem__(i, res.apply(step))):
+        row = {"epoch": epoch, "batch": b, "group": step.group, "seeds": len(step.seeds),
+               "visible_nodes": store.num_nodes if step.visible is None else len(step.visible)}
+        load = loads.pop(i)
+        row.update(count_batch(res.layout, res.resident, sample.blocks, hist))
+        row.update(load, load_pages=load["load_feature_pages"] + load["load_adjacency_pages"])
+        row["load_bytes"] = row["load_pages"] * PAGE
+        row["resident_feature_rows"], row["resident_adjacency_nodes"] = (res.counts[d] for d in DATA)
+        rows.append(row)
+        bar.update()
     bar.close()
     df = pd.DataFrame(rows)
     df.attrs.update(schedule=repr(schedule), fanouts=fanouts, seed=seed, seconds=time.perf_counter() - t0)

@@ -294,8 +294,8 @@ def record_trace(store, schedule, fanouts, epochs=1, seed=0, cache_dir=None, pro
                  fmt=None, **schedule_params) -> Trace:
     """The access trace of `epochs` epochs of `schedule` over `store`, recorded once and cached.
 
-    Replays the schedule exactly as `oocgnn.simulate.simulate` does (same `sample_blocks`,
-    `batch_seed(seed, epoch, b)`; a schedule given by name gets `seed` and `schedule_params`):
+    Replays the schedule exactly as `oocgnn.simulate.simulate` does (`sampler.sampled_steps` with a
+    `Sampler(graph, fanouts, seed)`; a schedule given by name gets `seed` and `schedule_params`):
     iteration i is the i-th batch of the run; "features" holds its unique input ids
     (blocks[0] srcdata NID, simulate's `input_nodes`), "neighbours" the nodes whose neighbour
     lists it expanded (blocks[0] dstdata NID, `neighbour_lists_needed`). Demand only: what a
@@ -307,7 +307,8 @@ def record_trace(store, schedule, fanouts, epochs=1, seed=0, cache_dir=None, pro
     import dgl
     from tqdm.auto import tqdm
 
-    from .schedules import batch_seed, make_schedule, sample_blocks
+    from .sampler import Sampler, sampled_steps
+    from .schedules import make_schedule
     fanouts = [int(f) for f in fanouts]
     if isinstance(schedule, str):
         schedule = make_schedule(schedule, store, **({"seed": seed} | schedule_params))
@@ -320,13 +321,10 @@ def record_trace(store, schedule, fanouts, epochs=1, seed=0, cache_dir=None, pro
         graph = store.graph() if g is None else g
         feats, nbrs = [], []
         bar = tqdm(desc=f"trace {schedule.name}", unit="batch", disable=not progress, leave=False)
-        for epoch in range(int(epochs)):
-            for b, step in enumerate(schedule.epoch(epoch)):
-                blocks = sample_blocks(graph, step.seeds, fanouts, step.visible,
-                                       seed=batch_seed(seed, epoch, b))[2]
-                feats.append(blocks[0].srcdata[dgl.NID].numpy())
-                nbrs.append(blocks[0].dstdata[dgl.NID].numpy())   # ⊇ every later block's dst
-                bar.update()
+        for _, _, _, _, sample in sampled_steps(schedule, Sampler(graph, fanouts, seed), int(epochs)):
+            feats.append(sample.input_nodes)
+            nbrs.append(sample.blocks[0].dstdata[dgl.NID].numpy())   # ⊇ every later block's dst
+            bar.update()
         bar.close()
         return Trace.from_batches(feats, store.num_nodes, row_stride=store.row_stride,
                                   row_bytes=store.row_bytes, neighbours=nbrs)

@@ -31,6 +31,7 @@ from .config import TrainConfig
 from .io import IOStats
 from .models import build_model
 from .policies import make_policy
+from .sampler import Sampler
 from .store import open_store
 from .units import peak_rss, reset_peak_rss
 
@@ -63,17 +64,15 @@ def _seed_everything(seed: int):
     dgl.seed(seed)
 
 
-def evaluate(model, g, gather, labels, nodes, fanouts, batch_size, seed=0) -> float:
+def evaluate(model, sampler, gather, labels, nodes, batch_size, seed=0) -> float:
     """Accuracy of sampled mini-batch inference on `nodes` (features through `gather`)."""
-    from .schedules import sample_blocks
     model.eval()
     correct = 0
     with torch.no_grad():
         for i, lo in enumerate(range(0, len(nodes), batch_size)):
-            input_nodes, output_nodes, blocks = sample_blocks(g, nodes[lo:lo + batch_size], fanouts,
-                                                              seed=seed + i)
-            pred = model(blocks, gather(input_nodes.numpy())).argmax(1)
-            correct += int((pred == labels[output_nodes]).sum())
+            input_nodes, output_nodes, blocks = sampler.sample(nodes[lo:lo + batch_size], dgl_seed=seed + i)
+            pred = model(blocks, gather(input_nodes)).argmax(1)
+            correct += int((pred == labels[torch.from_numpy(output_nodes)]).sum())
     model.train()
     return correct / max(1, len(nodes))
 
@@ -109,7 +108,7 @@ def train(cfg: TrainConfig) -> dict:
                  "loadavg": open("/proc/loadavg").read().split()[:3]}}, indent=2) + "\n")
 
     labels = torch.from_numpy(store.labels)
-    eval_fanouts = [int(f) for f in cfg.eval_fanouts.split(",")]
+    eval_sampler = Sampler(g, [int(f) for f in cfg.eval_fanouts.split(",")])
     model = build_model(cfg.model, store.feat_dim, cfg.hidden, store.num_classes, cfg.layers, cfg.dropout)
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
     eval_sets = {}
@@ -134,7 +133,7 @@ def train(cfg: TrainConfig) -> dict:
         nonlocal loss_sum, loss_n
         before = policy.io()
         with timers("eval"):
-            accs = {s: evaluate(model, g, policy.eval_gather, labels, ids, eval_fanouts,
+            accs = {s: evaluate(model, eval_sampler, policy.eval_gather, labels, ids,
                                 cfg.eval_batch_size, seed=cfg.seed + 7) for s, ids in eval_sets.items()}
         if policy.eval_reader is None:             # else a background load may be what was read
             excluded.__iadd__(policy.io() - before)
@@ -157,8 +156,7 @@ def train(cfg: TrainConfig) -> dict:
             with timers("load"):
                 policy.before(step, next_load[i])
             with timers("sample"):
-                input_nodes, output_nodes, blocks = policy.sample(g, epoch, b, step)
-            inp = input_nodes.numpy()
+                inp, output_nodes, blocks = policy.sampler.sample(step.seeds, epoch, b, step.visible)
             plan = policy.history.plan(blocks, i) if policy.history is not None else None
             with timers("gather"):
                 x = policy.gather(inp) if plan is None else plan.inputs(policy.gather(inp[plan.need]))
@@ -169,7 +167,7 @@ def train(cfg: TrainConfig) -> dict:
                     from .history import forward_with_history
                     logits = forward_with_history(model, plan, x, policy.history, i)
                     history_hits += plan.hits
-                loss = F.cross_entropy(logits, labels[output_nodes])
+                loss = F.cross_entropy(logits, labels[torch.from_numpy(output_nodes)])
                 opt.zero_grad()
                 loss.backward()
                 opt.step()

@@ -11,7 +11,7 @@ from oocgnn.errors import UserError
 from oocgnn.history import HistoryCache, forward_with_history
 from oocgnn.models import build_model
 from oocgnn.redundancy import history_nodes
-from oocgnn.schedules import batch_seed, sample_blocks
+from oocgnn.sampler import Sampler
 from oocgnn.simulate import Layout, count_batch, history_prune
 
 HIDDEN = 16
@@ -27,7 +27,7 @@ def env(tiny_store):
 def _batch(env, layers, b=0, size=64):
     store, g, x, _ = env
     seeds = store.train_idx[b * size:(b + 1) * size]
-    inp, _, blocks = sample_blocks(g, seeds, [5] * layers, seed=batch_seed(0, 0, b))
+    inp, _, blocks = Sampler(g, [5] * layers, 0).sample(seeds, 0, b)
     return blocks, x[inp]
 
 

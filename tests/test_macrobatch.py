@@ -6,7 +6,8 @@ import pytest
 
 from oocgnn.cache import make_cache
 from oocgnn.macrobatch import macrobatch_fetch
-from oocgnn.schedules import batch_seed, make_schedule, sample_blocks
+from oocgnn.sampler import Sampler
+from oocgnn.schedules import make_schedule
 from oocgnn.simulate import simulate
 from oocgnn.trace import record_trace
 
@@ -42,8 +43,8 @@ def _macrobatches(store, g, name, k, seed, epochs):
         group = list(range(lo, min(len(steps), lo + k)))
         for i in reversed(group):
             e, b, st = steps[i]
-            subgraphs[i] = _subgraph(sample_blocks(g, st.seeds, FAN, st.visible, seed=batch_seed(seed, e, b))[2])
-            sample_blocks(g, steps[0][2].seeds, [2], seed=12345)       # disturbs any global RNG state
+            subgraphs[i] = _subgraph(Sampler(g, FAN, seed).sample(st.seeds, e, b, st.visible).blocks)
+            Sampler(g, [2]).sample(steps[0][2].seeds, dgl_seed=12345)  # disturbs any global RNG state
         unions.append(np.unique(np.concatenate([subgraphs[i][0][0] for i in group])))
     return subgraphs, unions
 

@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from oocgnn.errors import UserError
-from oocgnn.schedules import SCHEDULES, Step, batch_seed, make_schedule, sample_blocks
+from oocgnn.sampler import Sampler, batch_seed, induced_csc
+from oocgnn.schedules import SCHEDULES, Step, make_schedule
 
 PARAMS = {"random": {"batch_size": 64},
           "partition": {"batch_size": 64, "n_per_macro": 3},
@@ -138,32 +139,35 @@ def test_megabatch_sampling_never_leaves_visible(parted, graph):
                     parted.indices.tolist()))
     import dgl
     for s in _steps(parted, "megabatch")[:12]:
-        inp, out, blocks = sample_blocks(graph, s.seeds, [5, 5], s.visible, seed=1)
-        np.testing.assert_array_equal(out.numpy(), s.seeds)
-        assert np.isin(inp.numpy(), s.visible).all()
+        inp, out, blocks = Sampler(graph, [5, 5]).sample(s.seeds, visible=s.visible, dgl_seed=1)
+        np.testing.assert_array_equal(out, s.seeds)
+        assert np.isin(inp, s.visible).all()
         for b in blocks:
             src, dst = b.edges()
             gs, gd = b.srcdata[dgl.NID][src].numpy(), b.dstdata[dgl.NID][dst].numpy()
             assert np.isin(gs, s.visible).all() and np.isin(gd, s.visible).all()
             assert all(e in edges for e in zip(gs.tolist(), gd.tolist())), "global ids map back to real edges"
-        assert torch.equal(blocks[0].srcdata[dgl.NID], inp)
+        np.testing.assert_array_equal(blocks[0].srcdata[dgl.NID].numpy(), inp)
 
 
-def test_sample_blocks_seeded_and_checks_visible(parted, graph):
+def test_sampler_seeded_per_batch_and_checks_visible(parted, graph):
     seeds = parted.train_idx[:50]
-    a = sample_blocks(graph, seeds, [10, 10], seed=batch_seed(0, 0, 3))[0]
-    sample_blocks(graph, seeds, [10, 10], seed=batch_seed(0, 0, 4))   # consume the RNG in between
-    b = sample_blocks(graph, seeds, [10, 10], seed=batch_seed(0, 0, 3))[0]
-    assert torch.equal(a, b)
+    sampler = Sampler(graph, [10, 10], seed=0)
+    a = sampler.sample(seeds, 0, 3).input_nodes
+    sampler.sample(seeds, 0, 4)                                        # consume the RNG in between
+    Sampler(graph, [10, 10], seed=9).sample(seeds, 0, 3)               # another sampler, too
+    np.testing.assert_array_equal(a, sampler.sample(seeds, 0, 3).input_nodes)
+    assert not np.array_equal(a, sampler.sample(seeds, 0, 4).input_nodes)
+    dgl_seeded = Sampler(graph, [10, 10]).sample(seeds, dgl_seed=batch_seed(0, 0, 3)).input_nodes
+    np.testing.assert_array_equal(a, dgl_seeded)
     with pytest.raises(UserError):
-        sample_blocks(graph, seeds, [5], visible=np.arange(10, dtype=np.int64))
+        sampler.sample(seeds, visible=np.arange(10, dtype=np.int64))
 
 
 @pytest.mark.parametrize("size", [1, 37, 2500, "all"])
 def test_induced_csc_is_dgl_node_subgraph(graph, size):
     """The fast induced subgraph is exactly DGL's (same neighbour order, so the same samples)."""
     import dgl
-    from oocgnn.schedules import induced_csc
     n = graph.num_nodes()
     visible = np.arange(n) if size == "all" else np.sort(np.random.default_rng(size).choice(n, size, replace=False))
     indptr, indices = induced_csc(graph, visible)
@@ -175,8 +179,11 @@ def test_induced_csc_is_dgl_node_subgraph(graph, size):
     dgl.seed(3)
     want_in = dgl.dataloading.NeighborSampler([5, 5]).sample(sg, torch.from_numpy(local))[0]
     for induced in (None, (indptr, indices)):                 # a new `visible` object: rebuilt
-        got_in = sample_blocks(graph, visible[local], [5, 5], visible.copy(), seed=3, induced=induced)[0]
-        assert torch.equal(got_in, torch.from_numpy(visible)[want_in])
+        sampler, vis = Sampler(graph, [5, 5]), visible.copy()
+        if induced is not None:
+            sampler.prepare(vis, induced)
+        got_in = sampler.sample(visible[local], visible=vis, dgl_seed=3).input_nodes
+        np.testing.assert_array_equal(got_in, visible[want_in.numpy()])
 
 
 @pytest.mark.parametrize("name,kw", [("nope", {}), ("random", {"batch_size": 0}),

@@ -5,7 +5,8 @@ import pytest
 
 from oocgnn.datasets import GraphData, csr_from_edges
 from oocgnn.io import PAGE
-from oocgnn.schedules import batch_seed, make_schedule, sample_blocks
+from oocgnn.sampler import Sampler
+from oocgnn.schedules import make_schedule
 from oocgnn.simulate import page_union, simulate, summarize
 from oocgnn.store import write_store
 
@@ -81,8 +82,7 @@ def test_batch_counts_match_brute_force(store, name, kw):
     steps = _residents(store, sch)
     assert len(df) == len(steps)
     for (s, feat, adj), row in zip(steps, df.itertuples()):
-        inp, out, blocks = sample_blocks(g, s.seeds, FAN, s.visible, seed=batch_seed(5, 0, row.batch))
-        inp = inp.numpy()
+        inp, out, blocks = Sampler(g, FAN, 5).sample(s.seeds, 0, row.batch, s.visible)
         exp = blocks[0].dstdata[dgl.NID].numpy()
         assert row.seeds == len(s.seeds) == row.unique_l0
         assert row.input_nodes == row.feature_rows_needed == len(set(inp.tolist())) == row.unique_l2

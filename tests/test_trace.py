@@ -142,7 +142,8 @@ def test_record_trace_matches_simulate_and_is_cached(parted, tmp_path, name):
     epochs); the ids are the sampled ones; the second call loads the file; other keys rebuild."""
     import dgl
 
-    from oocgnn.schedules import batch_seed, make_schedule, sample_blocks
+    from oocgnn.sampler import Sampler
+    from oocgnn.schedules import make_schedule
     from oocgnn.simulate import simulate
     g, kw = parted.graph(), RECORDED[name]
     tr = record_trace(parted, name, [4, 3], epochs=2, seed=5, cache_dir=tmp_path, g=g, **kw)
@@ -154,7 +155,7 @@ def test_record_trace_matches_simulate_and_is_cached(parted, tmp_path, name):
     steps = list(make_schedule(name, parted, seed=5, **kw).epoch(1))
     j = len(steps) // 2                                            # batch j of epoch 1 ...
     i = len(tr) - len(steps) + j                                   # ... is iteration i
-    blocks = sample_blocks(g, steps[j].seeds, [4, 3], steps[j].visible, seed=batch_seed(5, 1, j))[2]
+    blocks = Sampler(g, [4, 3], 5).sample(steps[j].seeds, 1, j, steps[j].visible).blocks
     assert np.array_equal(tr[i], np.unique(blocks[0].srcdata[dgl.NID].numpy()))
     assert np.array_equal(tr.stream("neighbours")[i], np.unique(blocks[0].dstdata[dgl.NID].numpy()))
     again = record_trace(parted, name, [4, 3], epochs=2, seed=5, cache_dir=tmp_path, **kw)
