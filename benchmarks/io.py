@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from oocgnn import direct as odirect, io as oio  # noqa: E402
+from oocgnn import direct as odirect  # noqa: E402
 from oocgnn.units import format_size, parse_size  # noqa: E402
 
 D, STRIDE, PAGE, MiB = 128, 512, 4096, 1 << 20
@@ -161,7 +161,7 @@ def main(argv=None):
     uring = odirect._L is not None
     print(f"measuring ({reps} reps each; liburing {'available' if uring else 'MISSING'}) ...", flush=True)
     # readers persist across calls (as in training): their buffers are warmed by one call first
-    readers = {b: oio.DirectReader(path, rows, D, backend=b, threads=a.threads, queue_depth=a.queue_depth,
+    readers = {b: odirect.DirectReader(path, rows, D, backend=b, threads=a.threads, queue_depth=a.queue_depth,
                                    range_request=parse_size(a.range_request), range_depth=a.range_depth)
                for b in (["uring"] if uring else []) + ["threads"]}
     for r in readers.values():

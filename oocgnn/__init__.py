@@ -13,6 +13,3 @@ _os.environ.setdefault("NUMBA_THREADING_LAYER", "workqueue")
 _warnings.filterwarnings("ignore", message=".*CPU affinity.*")
 
 __version__ = "0.1.0"
-
-# io first: oocgnn.direct builds on oocgnn.io's base reader, and io registers DirectReader
-from . import io as _io  # noqa: E402,F401

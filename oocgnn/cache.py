@@ -26,7 +26,7 @@ import pandas as pd
 
 from .belady import BeladyReplay
 from .errors import UserError
-from .io import PAGE
+from .io import PAGE, page_span
 from .trace import Trace, count_pages, new_pages
 
 
@@ -107,7 +107,7 @@ class CachePolicy:
 def _span(v, paged, stride, rbytes):
     """Keys of row v: itself, or its first and last 4 KiB page."""
     if paged:
-        return v * stride // PAGE, (v * stride + rbytes - 1) // PAGE
+        return page_span(v * stride, rbytes)
     return v, v
 
 

@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor, wait as wait_futures
 import numpy as np
 
 from .errors import UserError
-from .io import MAX_REQUEST, PAGE, RANGE_REQUEST, FeatureReader, request_breaks
+from .io import MAX_REQUEST, PAGE, RANGE_REQUEST, FeatureReader, page_span, request_breaks
 
 try:  # optional (pinned in requirements.txt): without it DirectReader uses its thread pool
     import liburing as _L
@@ -268,7 +268,8 @@ class DirectReader(FeatureReader):
             self._count(0, 0, 0, 0)
             return np.empty((0, self.dim), self.dtype)
         start = self.offset + lo * self.row_stride
-        p0, p1 = start // PAGE, (self.offset + (hi - 1) * self.row_stride + self.row_bytes - 1) // PAGE + 1
+        p0, last = page_span(start, (n - 1) * self.row_stride + self.row_bytes)
+        p1 = last + 1
         offs = list(range(p0 * PAGE, p1 * PAGE, self.range_request))
         self._count(n, n, len(offs), p1 - p0)      # len(offs) == range_requests(p1 - p0)
         buf = _anon((p1 - p0) * PAGE)  # fresh: for unpadded rows it IS the result (no copy)

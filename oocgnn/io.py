@@ -1,20 +1,19 @@
-"""Feature readers with exact I/O stats: one interface, three implementations.
+"""What every feature reader shares: `IOStats`, the row layout, the reader base class, and the page
+and request arithmetic that the readers and the simulator both count with.
 
 All readers share `read_rows(ids)` / `read_range(lo, hi)` and return identical rows. A feature
 file holds `num_rows` rows of `dim` items, `row_stride` bytes apart from `offset`; padding is
-ignored. `DirectReader` (O_DIRECT, io_uring or a thread pool) lives in `oocgnn.direct`;
-`MmapReader` (the page-cache baseline) and `MemoryReader` live here with the shared pieces:
-`IOStats`, the row layout, and the request-planning rule the simulator also uses.
+ignored. The readers: `oocgnn.direct.DirectReader` (O_DIRECT, io_uring or a thread pool), and
+in `oocgnn.readers` the page-cache baseline `MmapReader`, `MemoryReader` and `open_reader`.
 """
 from __future__ import annotations
 
 import dataclasses
-import mmap
 import os
-import resource
 import threading
 import time
 
+import numba
 import numpy as np
 
 from .errors import StoreError, UserError
@@ -22,6 +21,13 @@ from .errors import StoreError, UserError
 PAGE = 4096
 MAX_REQUEST = 128 * 1024     # DirectReader: bytes per coalesced row request
 RANGE_REQUEST = 1 << 20      # DirectReader: bytes per sequential range request
+
+
+@numba.njit(cache=True)
+def page_span(pos, nbytes):
+    """(first, last) 4 KiB page of `nbytes` (>= 1) bytes at byte `pos`, for scalars or arrays: the one
+    page rule of the readers, the simulator, traces and cache replays."""
+    return pos // PAGE, (pos + nbytes - 1) // PAGE
 
 
 def feature_row_stride(row_bytes: int) -> int:
@@ -147,7 +153,7 @@ class FeatureReader:
     def _page_spans(self, rows: np.ndarray):
         """Byte position, first and last page of each row."""
         pos = self.offset + rows * self.row_stride
-        return pos, pos // PAGE, (pos + self.row_bytes - 1) // PAGE
+        return (pos, *page_span(pos, self.row_bytes))
 
     def close(self) -> None:
         self.closed = True
@@ -194,112 +200,3 @@ def drop_file_cache(path) -> None:
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
     finally:
         os.close(fd)
-
-
-def _thread_device_reads():
-    """(bytes this thread made the kernel read from storage, major page faults so far)."""
-    with open("/proc/thread-self/io", "rb") as f:
-        nbytes = next(int(line.split()[1]) for line in f if line.startswith(b"read_bytes:"))
-    return nbytes, resource.getrusage(resource.RUSAGE_THREAD).ru_majflt
-
-
-class MmapReader(FeatureReader):
-    """np.memmap baseline with MADV_RANDOM: the default 8 MiB read-around would load whole files.
-
-    Stats are what the kernel really fetched for this thread: `bytes_read`/`pages` from
-    /proc/thread-self/io read_bytes (page-cache misses, read-around included), `requests` =
-    major page faults. Pages already in the page cache cost nothing and count nothing.
-    """
-    kind = "mmap"
-
-    def __init__(self, path, num_rows, dim, row_stride=None, dtype=np.float32, offset=0, *, advice="random"):
-        super().__init__(path, num_rows, dim, row_stride, dtype, offset)
-        self._file_size()
-        self._mm, self._view = None, np.empty((0, self.dim), self.dtype)
-        if self.num_rows:
-            span = (self.num_rows - 1) * self.row_stride + self.row_bytes
-            self._mm = np.memmap(self.path, np.uint8, "r", offset=self.offset, shape=(span,))
-            if advice == "random":
-                self._mm._mmap.madvise(mmap.MADV_RANDOM)
-            self._view = np.ndarray((self.num_rows, self.dim), self.dtype, buffer=self._mm,
-                                    strides=(self.row_stride, self.dtype.itemsize))
-
-    def _read_rows(self, ids):
-        return self._measured(len(ids), len(np.unique(ids)), lambda: self._view[ids])
-
-    def _read_range(self, lo, hi):
-        return self._measured(hi - lo, hi - lo, lambda: np.ascontiguousarray(self._view[lo:hi]))
-
-    def _measured(self, n, unique, gather):
-        bytes0, faults0 = _thread_device_reads()
-        out = gather()
-        bytes1, faults1 = _thread_device_reads()
-        nbytes = bytes1 - bytes0
-        self.stats += IOStats(1, faults1 - faults0, n, unique, -(-nbytes // PAGE),
-                              unique * self.row_bytes, nbytes)
-        return out
-
-    def drop_cache(self) -> None:
-        """Evict the file from the page cache (our mapped pages first: fadvise skips mapped pages)."""
-        if self._mm is not None:
-            self._mm._mmap.madvise(mmap.MADV_DONTNEED)
-        drop_file_cache(self.path)
-
-    def close(self) -> None:
-        super().close()
-        self._view = self._mm = None
-
-
-class MemoryReader(FeatureReader):
-    """All rows in RAM: loaded once with sequential direct reads (`load_stats`), or wrapping an array."""
-    kind = "memory"
-
-    def __init__(self, path, num_rows, dim, row_stride=None, dtype=np.float32, offset=0, *,
-                 chunk_bytes=64 << 20, **direct_kw):
-        super().__init__(path, num_rows, dim, row_stride, dtype, offset)
-        self.data = np.empty((self.num_rows, self.dim), self.dtype)
-        step = max(1, int(chunk_bytes) // self.row_stride)
-        with DirectReader(path, num_rows, dim, row_stride, dtype, offset, **direct_kw) as r:
-            for lo in range(0, self.num_rows, step):
-                self.data[lo:lo + step] = r.read_range(lo, min(lo + step, self.num_rows))
-        self.load_stats = r.stats
-
-    @classmethod
-    def from_array(cls, arr) -> "MemoryReader":
-        arr = np.ascontiguousarray(arr)
-        if arr.ndim != 2:
-            raise UserError(f"features must be a 2-D array, got shape {arr.shape}")
-        self = cls.__new__(cls)
-        FeatureReader.__init__(self, None, arr.shape[0], arr.shape[1], None, arr.dtype)
-        self.data, self.load_stats = arr, IOStats()
-        return self
-
-    def _read_rows(self, ids):
-        if len(ids) * 8 >= self.num_rows:  # distinct count: a bitmap beats a sort for big calls
-            seen = np.zeros(self.num_rows, bool)
-            seen[ids] = True
-            nu = int(np.count_nonzero(seen))
-        else:
-            nu = len(np.unique(ids))
-        self._count(len(ids), nu, 0, 0)
-        return np.take(self.data, ids, axis=0)
-
-    def _read_range(self, lo, hi):
-        self._count(hi - lo, hi - lo, 0, 0)
-        return self.data[lo:hi].copy()
-
-    def close(self) -> None:
-        super().close()
-        self.data = None
-
-
-from .direct import DirectReader  # noqa: E402  (it builds on FeatureReader above; see oocgnn/__init__)
-
-READERS = {"direct": DirectReader, "mmap": MmapReader, "memory": MemoryReader}
-
-
-def open_reader(kind, path, num_rows, dim, row_stride=None, dtype=np.float32, **kw) -> FeatureReader:
-    """Reader by name ("direct", "mmap" or "memory"); `kw` goes to its constructor."""
-    if kind not in READERS:
-        raise UserError(f"unknown reader {kind!r}: choose one of {', '.join(READERS)}")
-    return READERS[kind](path, num_rows, dim, row_stride, dtype, **kw)

@@ -20,7 +20,7 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from .errors import UserError
-from .io import PAGE, range_requests, request_breaks
+from .io import PAGE, page_span, range_requests, request_breaks
 from .sampler import Sampler, sampled_steps
 from .schedules import _ids_of_ranges, make_schedule
 
@@ -59,28 +59,29 @@ class Layout:
 
     def feature_pages(self, rows):
         """(pages, runs) of reading sorted unique `rows` in one batch."""
-        pos = rows * self.stride
-        return page_union(pos // PAGE, (pos + self.row_bytes - 1) // PAGE)
+        return page_union(*page_span(rows * self.stride, self.row_bytes))
 
     def feature_requests(self, rows) -> int:
         """Requests DirectReader.read_rows issues for sorted unique `rows` (same coalescing rule)."""
-        pos = rows * self.stride
         row_pages = self.stride // PAGE if self.stride % PAGE == 0 else 1
-        return int(request_breaks(pos // PAGE, (pos + self.row_bytes - 1) // PAGE, row_pages).sum())
+        return int(request_breaks(*page_span(rows * self.stride, self.row_bytes), row_pages).sum())
 
     def adjacency_pages(self, nodes):
         """(pages, runs) of reading the neighbour lists of sorted unique `nodes` (empty ones read nothing)."""
         start, end = self.indptr[nodes] * self.isz, self.indptr[nodes + 1] * self.isz
         keep = end > start
-        return page_union(start[keep] // PAGE, (end[keep] - 1) // PAGE)
+        return page_union(*page_span(start[keep], end[keep] - start[keep]))
 
     def range_pages(self, lo, hi) -> tuple[int, int]:
         """(feature pages, adjacency pages) of sequential reads of rows [lo, hi)."""
         if hi <= lo:
             return 0, 0
-        fp = ((hi - 1) * self.stride + self.row_bytes - 1) // PAGE - lo * self.stride // PAGE + 1
+        first, last = page_span(lo * self.stride, (hi - 1 - lo) * self.stride + self.row_bytes)
         a, b = self.indptr[lo] * self.isz, self.indptr[hi] * self.isz
-        return int(fp), int((b - 1) // PAGE - a // PAGE + 1) if b > a else 0
+        if b <= a:
+            return int(last - first + 1), 0
+        afirst, alast = page_span(a, b - a)
+        return int(last - first + 1), int(alast - afirst + 1)
 
 
 class Residency:

@@ -21,7 +21,8 @@ from tqdm.auto import tqdm
 
 from .datasets import GraphData, index_dtype
 from .errors import StoreError, UserError
-from .io import feature_row_stride, open_reader
+from .io import feature_row_stride
+from .readers import open_reader
 from .units import format_size
 
 FORMAT = "oocgnn-store"

@@ -17,7 +17,7 @@ import numba
 import numpy as np
 
 from .errors import UserError
-from .io import PAGE
+from .io import PAGE, page_span
 
 DEFAULT_CACHE_DIR = Path(os.environ.get("OOCGNN_TRACE_CACHE",
                                         Path(__file__).resolve().parents[1] / "data" / "traces"))
@@ -27,7 +27,7 @@ DEFAULT_ROW_STRIDE = 512        # D = 128 float32, the synthetic presets' layout
 @numba.njit(cache=True, inline="always")
 def new_pages(v, last, stride, rbytes):
     """(pages of row v not counted yet, new last page) for rows visited in increasing order."""
-    first, end = v * stride // PAGE, (v * stride + rbytes - 1) // PAGE
+    first, end = page_span(v * stride, rbytes)
     first = max(first, last + 1)
     return max(0, end - first + 1), max(end, last)
 

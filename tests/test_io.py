@@ -7,10 +7,11 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from oocgnn import direct as odirect, io as oio
+from oocgnn import direct as odirect
 from oocgnn.errors import StoreError, UserError
-from oocgnn.io import (PAGE, READERS, DirectReader, IOStats, MemoryReader, MmapReader,
-                       feature_row_stride, open_reader)
+from oocgnn.direct import DirectReader
+from oocgnn.io import PAGE, IOStats, feature_row_stride
+from oocgnn.readers import READERS, MemoryReader, MmapReader, open_reader
 
 BACKENDS = ["threads"] + (["uring"] if odirect._L is not None else [])
 
