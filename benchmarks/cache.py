@@ -25,7 +25,8 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from oocgnn.belady import belady_changesets, belady_naive, changeset_hits  # noqa: E402
-from oocgnn.cache import CACHE_POLICIES, macrobatch_fetch, replay  # noqa: E402
+from oocgnn.cache import CACHE_POLICIES, replay  # noqa: E402
+from oocgnn.macrobatch import macrobatch_fetch  # noqa: E402
 from oocgnn.trace import Trace, cached_trace, synthetic_trace  # noqa: E402
 
 

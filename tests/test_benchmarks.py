@@ -1,0 +1,56 @@
+"""Every benchmark keeps running: each module imports, answers --help, and runs end to end at toy
+sizes (the numbers of such runs mean nothing; that they finish is the point)."""
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = sorted((Path(__file__).resolve().parents[1] / "benchmarks").glob("*.py"))
+
+
+def _module(path):
+    spec = importlib.util.spec_from_file_location(f"bench_{path.stem}", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.parametrize("path", BENCHMARKS, ids=lambda p: p.stem)
+def test_benchmark_imports_and_has_help(path, capsys):
+    mod = _module(path)
+    with pytest.raises(SystemExit) as e:
+        mod.main(["--help"])
+    assert e.value.code == 0 and "usage:" in capsys.readouterr().out
+
+
+def _run(path, *args, timeout=900):
+    r = subprocess.run([sys.executable, str(path), *map(str, args)], capture_output=True, text=True,
+                       timeout=timeout)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    return r.stdout
+
+
+SMOKE = {   # toy settings of each benchmark; tmp is a fresh directory
+    "cache": lambda tmp: ["--nodes", 20_000, "--iterations", 40, "--size", 800, "--sizes", "2,4",
+                          "--prefix", 10, "--horizon", 10, "--reps", 1, "--cache-dir", tmp],
+    "io": lambda tmp: ["--size", "32MiB", "--dir", tmp, "--rows", 2048, "--ios", 2048, "--range-mib", 4,
+                       "--reps", 3],
+    "partition": lambda tmp: ["--preset", "tiny", "--parts", 16, "--fennel-passes", 1, "--no-small",
+                              "--data", tmp],
+    "train": lambda tmp: ["--preset", "tiny", "--parts", 16, "--budget", "2MB", "--steps", 4,
+                          "--policies", "inmemory,mmap,hierbatching,outre", "--eval-nodes", 100,
+                          "--data", tmp],
+}
+
+
+def test_every_benchmark_has_a_smoke_run():
+    assert {p.stem for p in BENCHMARKS} == set(SMOKE)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", BENCHMARKS, ids=lambda p: p.stem)
+def test_benchmark_runs_at_toy_size(path, tmp_path):
+    out = _run(path, *SMOKE[path.stem](tmp_path))
+    assert "load" in out, "every benchmark reports the machine load beside its numbers"
