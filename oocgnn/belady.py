@@ -333,6 +333,7 @@ class BeladyReplay:
         self.ids = np.ascontiguousarray(trace.ids)
         self.last = np.full(trace.num_nodes, -1, np.int64)
         self.infs, self.st = np.zeros(self.cap, np.int64), np.zeros(3, np.int64)
+        self.base, self.words = 0, np.zeros(1, np.uint64)               # no superbatch opened yet
 
     def start(self, s: int, e: int) -> np.ndarray:
         self.base, end = int(self.offsets[s]), int(self.offsets[e])

@@ -89,7 +89,8 @@ class CachePolicy:
         self.offsets = np.ascontiguousarray(trace.offsets, dtype=np.int64)
         self.ids = np.ascontiguousarray(trace.ids)
         self.layout = (trace.row_stride, trace.row_bytes)
-        self.prefetched = np.empty(0, np.int64)     # ids of the latest prefetch (init)
+        self.prefetched = np.empty(0, np.int64)     # ids of the latest prefetch (init): the whole cache
+        self.prefetch_at = -1                       # the iteration it was made before
         self.reset()
 
     def run(self, lo, hi):
@@ -400,7 +401,7 @@ class StaticCache(CachePolicy):
 
     def _run(self, lo, hi, hits, pages, init):
         if lo == 0 and hi > 0 and self.fill == "prefetch":
-            self.prefetched = self.static_ids
+            self.prefetched, self.prefetch_at = self.static_ids, 0
             init[:, 0] = len(self.static_ids), count_pages(self.static_ids, *self.layout)
         _static(self.offsets, self.ids, lo, hi, self.member, self.inc, *self.layout, hits, pages)
 
@@ -421,9 +422,9 @@ class FrequencyCache(StaticCache):
 # ---- Belady --------------------------------------------------------------------------------
 class BeladyCache(CachePolicy):
     """Belady over a horizon of `horizon` iterations (a superbatch; None = the whole trace).
-    prefetch=True: each superbatch starts from Ginex's init (first `capacity` distinct ids), read
-    before it and reported as init; prefetch=False: cold start, and rows cached at a superbatch's
-    end stay, re-keyed by their first access in the next one."""
+    prefetch=True: each superbatch starts from Ginex's init (first `capacity` distinct ids); the rows
+    of it not cached already are read before it and reported as init; prefetch=False: cold start,
+    and rows cached at a superbatch's end stay, re-keyed by their first access in the next one."""
     name = "belady"
 
     def __init__(self, capacity, num_nodes, horizon=None, prefetch=True):
@@ -442,10 +443,13 @@ class BeladyCache(CachePolicy):
         while i < hi:
             if i == self.sb_end:                    # superbatch start: index it, prefetch init
                 self.sb_end = min(len(self.trace), i + s)
+                held = self.sim.contents()
                 first = self.sim.start(i, self.sb_end)
-                self.prefetched = first
-                if len(first):
-                    init[:, i - lo] = len(first), count_pages(first, *self.layout)
+                if self.prefetch:
+                    self.prefetched, self.prefetch_at = first, i
+                new = np.setdiff1d(first, held, assume_unique=True)
+                if len(new):
+                    init[:, i - lo] = len(new), count_pages(new, *self.layout)
             j = min(hi, self.sb_end)
             hits[i - lo:j - lo], pages[i - lo:j - lo] = self.sim.run(i, j)
             i = j

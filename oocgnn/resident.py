@@ -1,0 +1,129 @@
+"""Feature rows resident in RAM in front of a reader: the cache stage of the executor.
+
+`CachedReader(reader, num_nodes, capacity)` has a reader's interface, `read_rows(ids)` and
+`stats`: it serves the rows it holds from RAM and reads the rest through `reader`, so `stats`
+count what reached the device (GraphBolt's CPUCachedFeature over its fallback is the model).
+What it holds is decided outside it: a plan's steps place its setup rows and point at loaded
+ranges (`place`, `point`, `drop`), or a replacement policy of `oocgnn.cache` drives it iteration
+by iteration with the same code the trace replays run (`PolicyCache`).
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from .errors import UserError
+
+
+class CachedReader:
+    """Rows `rows` [capacity, D] (float32) at slots `slot[id]` (int32 [N], −1 = not resident),
+    over a fallback `reader` for the rest."""
+
+    def __init__(self, reader, num_nodes, capacity):
+        self.reader, self.num_nodes, self.dim = reader, int(num_nodes), reader.dim
+        self.rows = torch.empty((int(capacity), self.dim), dtype=torch.float32)
+        self.slot = np.full(self.num_nodes, -1, dtype=np.int32)
+        self._free = None                                 # free slots of `apply`, made on first use
+
+    @property
+    def stats(self):
+        """The fallback reader's `IOStats`: what reached the device."""
+        return self.reader.stats
+
+    @property
+    def capacity(self) -> int:
+        return self.rows.shape[0]
+
+    @property
+    def nbytes(self) -> int:
+        return self.rows.numel() * self.rows.element_size() + self.slot.nbytes
+
+    def place(self, ids, base, data):
+        """Put rows `data` (for `ids`) at slots base.. and point the table at them."""
+        self.rows[base:base + len(data)] = torch.from_numpy(np.ascontiguousarray(data))
+        self.point(ids, base)
+
+    def point(self, ids, base):
+        """Point `ids` at slots base.. (their rows are already there: a loader wrote them)."""
+        self.slot[ids] = np.arange(base, base + len(ids), dtype=np.int32)
+
+    def drop(self, ids):
+        self.slot[ids] = -1
+
+    def gather(self, ids: np.ndarray, reader=None) -> torch.Tensor:
+        """Rows of `ids` [len(ids), D]: resident ones from RAM, the rest through `reader` (default the
+        fallback; evaluation passes its own so its reads stay out of the run's)."""
+        slots = self.slot[ids]
+        hit = slots >= 0
+        if hit.all():
+            return self.rows[torch.from_numpy(slots.astype(np.int64))]
+        reader = self.reader if reader is None else reader
+        out = torch.empty((len(ids), self.dim), dtype=torch.float32)
+        if hit.any():
+            out[torch.from_numpy(hit)] = self.rows[torch.from_numpy(slots[hit].astype(np.int64))]
+        out[torch.from_numpy(~hit)] = torch.from_numpy(reader.read_rows(ids[~hit]))
+        return out
+
+    def read_rows(self, ids) -> np.ndarray:
+        """A reader's `read_rows`: rows of `ids` as a [len(ids), D] float32 array."""
+        return self.gather(np.asarray(ids, dtype=np.int64)).numpy()
+
+    def apply(self, evict, admit, rows):
+        """A replacement policy's change: free the slots of `evict`, put `admit` with `rows` in free ones."""
+        if self._free is None:
+            used = np.zeros(self.capacity, dtype=bool)
+            used[self.slot[self.slot >= 0]] = True
+            self._free = list(np.flatnonzero(~used)[::-1])
+        for s in self.slot[evict]:
+            self._free.append(int(s))
+        self.drop(evict)
+        if len(admit) > len(self._free):
+            raise UserError(f"cache overflow: {len(admit)} rows to admit, {len(self._free)} free slots")
+        slots = np.array([self._free.pop() for _ in range(len(admit))], dtype=np.int64)
+        if len(admit):
+            self.rows[torch.from_numpy(slots)] = torch.as_tensor(rows)
+        self.slot[admit] = slots.astype(np.int32)
+
+
+def replay_changes(policy, trace):
+    """Per iteration i of replaying `trace` through a row policy of `oocgnn.cache`: (C_i, C_{i+1}),
+    the sorted rows cached when iteration i looks up its ids (after any prefetch) and after it.
+    Prefetches (Ginex's init, PaGraph's fill) replace the contents before the iteration they are made
+    for; between them the protocol holds: C_{i+1} ⊆ C_i ∪ ids_i."""
+    if policy.unit != "row":
+        raise UserError(f"{policy.name} caches {policy.unit}s, not rows: it cannot drive a row cache")
+    policy.begin(trace)
+    for i in range(len(trace)):
+        before = policy.contents()
+        policy.run(i, i + 1)
+        yield (np.sort(policy.prefetched) if policy.prefetch_at == i else before), policy.contents()
+
+
+class PolicyCache:
+    """A replacement policy of `oocgnn.cache` executed: before iteration i the cache is made C_i
+    (prefetched rows are read then, outside the batch), the batch gathers through it, and the rows
+    the policy admits come from the batch itself. Hits and reads equal the policy's replay (a test)."""
+
+    def __init__(self, cached: CachedReader, policy, trace):
+        self.cached, self.trace = cached, trace
+        self.changes = replay_changes(policy, trace)
+        self.hits = self.prefetched_rows = 0
+
+    def gather(self, ids: np.ndarray) -> torch.Tensor:
+        """Rows of the next iteration's `ids` (its trace entry, in any order)."""
+        c_i, c_next = next(self.changes)
+        cached = self.cached
+        held = np.flatnonzero(cached.slot >= 0)
+        gone, new = np.setdiff1d(held, c_i), np.setdiff1d(c_i, held)
+        if len(gone) or len(new):                         # a prefetch: rows the batch may not hold
+            cached.apply(gone, new, cached.reader.read_rows(new))
+            self.prefetched_rows += len(new)
+        self.hits += int(np.count_nonzero(cached.slot[ids] >= 0))
+        x = cached.gather(ids)
+        admit, evict = np.setdiff1d(c_next, c_i), np.setdiff1d(c_i, c_next)
+        order = np.argsort(ids, kind="stable")
+        pos = order[np.minimum(np.searchsorted(ids, admit, sorter=order), len(ids) - 1)]
+        if not np.array_equal(ids[pos], admit):
+            raise UserError("the policy admits rows its iteration did not access (C_i+1 ⊄ C_i ∪ ids_i)")
+        cached.apply(evict, admit, x[torch.from_numpy(pos)])
+        return x

@@ -1,0 +1,69 @@
+"""The executed cache stage against its oracles: the replay of the same policy (hits, reads, prefetch)
+and the rows of the source (values)."""
+import numpy as np
+import pytest
+import torch
+
+from oocgnn.cache import CACHE_POLICIES, make_cache, replay
+from oocgnn.errors import UserError
+from oocgnn.readers import MemoryReader
+from oocgnn.resident import CachedReader, PolicyCache
+from oocgnn.trace import synthetic_trace
+
+N, D = 3000, 8
+
+
+def _kw(name, trace):
+    rng = np.random.default_rng(1)
+    if name == "static-degree":
+        return {"degrees": trace.counts() * rng.uniform(0.5, 1.5, N)}
+    if name == "static-frequency":
+        return {"counts": trace.slice(0, len(trace) // 2).counts()}
+    return {}
+
+
+ROW_POLICIES = [(n, {}) for n, c in CACHE_POLICIES.items() if c.unit == "row"] + \
+    [("belady", {"horizon": 7}), ("belady", {"horizon": 7, "prefetch": False})]
+
+
+@pytest.mark.parametrize("name, extra", ROW_POLICIES, ids=lambda x: str(x))
+def test_executed_cache_equals_its_replay(name, extra):
+    """A CachedReader driven by a policy hits, reads and prefetches exactly what its replay counts,
+    and returns the source's rows."""
+    trace = synthetic_trace(N, 30, 200, alpha=0.8, seed=2)
+    source = np.random.default_rng(0).standard_normal((N, D)).astype(np.float32)
+    capacity = 400
+    want = replay(trace, make_cache(name, capacity, N, **_kw(name, trace), **extra))
+    cached = CachedReader(MemoryReader.from_array(source), N, capacity)
+    stage = PolicyCache(cached, make_cache(name, capacity, N, **_kw(name, trace), **extra), trace)
+    rng = np.random.default_rng(3)
+    for i in range(len(trace)):
+        ids = rng.permutation(trace[i]).astype(np.int64)          # a batch's order, not the trace's
+        before = cached.stats.unique_rows
+        x = stage.gather(ids)
+        torch.testing.assert_close(x, torch.from_numpy(source[ids]))
+        assert cached.stats.unique_rows - before >= len(ids) - np.count_nonzero(cached.slot[ids] >= 0) - len(ids)
+        assert np.count_nonzero(cached.slot >= 0) <= capacity
+    assert stage.hits == want.hits
+    assert stage.prefetched_rows == want.init_rows
+    assert cached.stats.unique_rows == want.misses + want.init_rows, "misses and prefetches, nothing else"
+
+
+def test_page_policies_cannot_drive_a_row_cache():
+    trace = synthetic_trace(N, 3, 50, seed=1)
+    cached = CachedReader(MemoryReader.from_array(np.zeros((N, D), np.float32)), N, 10)
+    with pytest.raises(UserError, match="caches pages"):
+        PolicyCache(cached, make_cache("page-lru", 10, N), trace).gather(trace[0].astype(np.int64))
+
+
+def test_cached_reader_is_a_reader():
+    """Resident rows from RAM, the rest through the fallback, whose stats are the reader's."""
+    source = np.arange(N * D, dtype=np.float32).reshape(N, D)
+    cached = CachedReader(MemoryReader.from_array(source), N, 5)
+    cached.place(np.array([7, 3]), 0, source[[7, 3]] + 1000)      # resident copies, marked
+    out = cached.read_rows([3, 9, 7, 9])
+    np.testing.assert_array_equal(out, np.stack([source[3] + 1000, source[9], source[7] + 1000, source[9]]))
+    assert (cached.stats.calls, cached.stats.unique_rows) == (1, 1)
+    cached.drop([3])
+    np.testing.assert_array_equal(cached.read_rows([3]), source[[3]])
+    assert cached.nbytes == 5 * D * 4 + N * 4
