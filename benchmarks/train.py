@@ -75,7 +75,7 @@ def worker(args):
     from oocgnn.config import TrainConfig
     from oocgnn.train import train
 
-    cfg = TrainConfig(**json.loads(args.config), max_steps=args.limit_steps)
+    cfg = TrainConfig.create(**json.loads(args.config), max_steps=args.limit_steps)
     t_imports = time.perf_counter() - t_start
     summary = train(cfg)
     summary.pop("log", None)
@@ -138,25 +138,20 @@ def ensure_store(preset, parts, data_dir: Path):
     return open_store(path, verify=False), {"reused": False, "seconds": secs, "peak_rss": rss, "wall": wall}
 
 
-def choose_megabatch(store, budget, static_ratio, pipeline=True):
+def choose_megabatch(store, base):
     """Largest power-of-two N_d for which HierBatching App. B (2(r_s + r_d)(A + B) <= C) and the
-    policy's own accounting ((static + halves * N_d largest parts) rows + slot table) both fit."""
-    import numpy as np
-    a = store.num_nodes * store.row_stride
-    b = store.topology_nbytes
-    sizes = np.sort(np.diff(store.part_offsets))[::-1]
-    halves = 2 if pipeline else 1
-    best = None
-    n_d = 1
+    plan's own memory account both fit the budget: asked of the plan, nothing read."""
+    from oocgnn.config import TrainConfig
+    from oocgnn.policies import HierBatchingPlan
+    best, n_d = None, 1
     while n_d <= store.num_parts:
-        rule = halves * (static_ratio + n_d / store.num_parts) * (a + b)
-        own = ((int(static_ratio * store.num_nodes) + halves * int(sizes[:n_d].sum())) * store.feat_dim * 4
-               + 4 * store.num_nodes)
-        if rule <= budget and own <= budget:
+        plan = HierBatchingPlan(store, TrainConfig.create(**{**base, "policy": "hierbatching",
+                                                             "parts_per_megabatch": n_d}))
+        if plan.rule()["holds"] and plan.resident_bytes() <= plan.budget:
             best = n_d
         n_d *= 2
     if best is None:
-        raise SystemExit(f"no N_d fits a budget of {fmt_bytes(budget)} with r_s={static_ratio}")
+        raise SystemExit(f"no N_d fits a budget of {base['memory_budget']} with r_s={base['static_ratio']}")
     return best
 
 
@@ -315,6 +310,8 @@ def main(argv=None):
         return worker(args)
 
     from oocgnn.units import parse_size
+    from oocgnn.policies import POLICIES
+    assert all(policy in POLICIES for policy, _ in VARIANTS.values()), "a variant of an unregistered policy"
     names = [n.strip() for n in args.policies.split(",") if n.strip()]
     bad = [n for n in names if n not in VARIANTS]
     if bad:
@@ -336,7 +333,6 @@ def main(argv=None):
           f"(min/mean/max), train nodes {len(store.train_idx):,}", flush=True)
     if feat_bytes < 4 * budget:
         print(f"WARNING: features are only {feat_bytes / budget:.1f}x the budget (the issue asks >= 4x)")
-    n_d = args.parts_per_megabatch or choose_megabatch(store, budget, args.static_ratio)
 
     print("measuring device limits (O_DIRECT, file dropped from the page cache) ...", flush=True)
     limits = device_limits(store.path / "features.bin")
@@ -349,8 +345,8 @@ def main(argv=None):
     out_dir.mkdir(parents=True)
     base = {"store": str(store.path), "model": "sage", "epochs": 1, "fanouts": args.fanouts,
             "batch_size": args.batch_size, "memory_budget": args.budget, "eval_every": 10**9,
-            "max_eval_nodes": args.eval_nodes, "seed": 0, "parts_per_megabatch": n_d,
-            "static_ratio": args.static_ratio, "progress": False}
+            "max_eval_nodes": args.eval_nodes, "seed": 0, "static_ratio": args.static_ratio, "progress": False}
+    n_d = base["parts_per_megabatch"] = args.parts_per_megabatch or choose_megabatch(store, base)
     print(f"training ({', '.join(names)}; sage {args.fanouts}, batch {args.batch_size}, budget {args.budget}, "
           f"hierbatching N_d={n_d} r_s={args.static_ratio}) ...", flush=True)
     results = {name: [] for name in names}

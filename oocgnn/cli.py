@@ -5,7 +5,6 @@ import argparse
 import json
 import sys
 import time
-from dataclasses import fields
 from pathlib import Path
 
 from .errors import UserError
@@ -59,10 +58,9 @@ def _cmd_info(args):
 
 
 def _cmd_train(args):
-    from .config import TrainConfig
+    from .config import SETTINGS, TrainConfig
     from .train import train
-    names = {f.name for f in fields(TrainConfig)}
-    cfg = TrainConfig(**{k: v for k, v in vars(args).items() if k in names and v is not None})
+    cfg = TrainConfig.create(**{k: v for k, v in vars(args).items() if k in SETTINGS and v is not None})
     s = train(cfg)
     print(f"{s['run_dir']}: {s['epochs']} epochs in {s['train_s']:.1f} s, best val "
           f"{s['best_val_acc']:.4f}, test at best val {s['test_at_best_val']:.4f}, "
@@ -90,6 +88,38 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message):
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+_TYPES = {"int": (int, "N"), "float": (float, "X"), "str": (str, "TEXT")}
+
+
+def _add_settings(parser):
+    """One flag per setting of `config.SETTINGS` (`--batch-size` for batch_size), its help and default
+    from the setting itself; each policy's options in a group of their own. Flags not given stay
+    None, so the config's own defaults apply."""
+    from .config import SETTINGS
+    from .policies import POLICIES
+    groups = {}
+    for name, (owner, f) in SETTINGS.items():
+        if name == "store":
+            parser.add_argument("store", help=f.metadata["help"])
+            continue
+        if owner is None:
+            target = parser
+        elif owner not in groups:
+            target = groups[owner] = parser.add_argument_group(f"{owner} ({POLICIES[owner].source})")
+        else:
+            target = groups[owner]
+        flag, help = "--" + name.replace("_", "-"), f.metadata["help"]
+        if f.type == "bool":                        # on by default: --no-X turns it off
+            off = f.default
+            target.add_argument(f"--no-{flag[2:]}" if off else flag, dest=name, default=None,
+                                action="store_false" if off else "store_true",
+                                help=f"{'do not ' if off else ''}{help[0].lower()}{help[1:]}")
+        else:
+            kind, metavar = _TYPES[f.type]
+            target.add_argument(flag, dest=name, type=kind, default=None, metavar=metavar,
+                                help=help if "default" in help else f"{help} (default {f.default!r})")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -122,53 +152,9 @@ def build_parser() -> argparse.ArgumentParser:
     inf.set_defaults(func=_cmd_info)
 
     tr = sub.add_parser("train", help="train a model under a policy",
-                        description="Train a GNN over a store; writes config.json, log.csv and "
-                                    "summary.json to the run directory.")
-    tr.add_argument("store")
-    tr.add_argument("--policy", help="inmemory | mmap | hierbatching | outre (default inmemory)")
-    tr.add_argument("--model", help="sage | gat | gin | mlp (default sage)")
-    tr.add_argument("--epochs", type=int, help="epochs to train (default 5)")
-    tr.add_argument("--max-steps", dest="max_steps", type=int,
-                    help="stop after this many steps (default 0: all epochs); epoch_s is then extrapolated")
-    tr.add_argument("--fanouts", help="per-layer fanouts, e.g. 10,10 (default)")
-    tr.add_argument("--layers", type=int, help="number of layers (must match the fanouts)")
-    tr.add_argument("--batch-size", dest="batch_size", type=int)
-    tr.add_argument("--hidden", type=int)
-    tr.add_argument("--lr", type=float)
-    tr.add_argument("--dropout", type=float)
-    tr.add_argument("--memory-budget", dest="memory_budget",
-                    help="bytes the policy may keep resident, e.g. 256MB (default)")
-    tr.add_argument("--eval-every", dest="eval_every", type=int,
-                    help="evaluate every N steps (default: each epoch)")
-    tr.add_argument("--eval-fanouts", dest="eval_fanouts",
-                    help="fanouts of evaluation (default: the training fanouts; -1 = all)")
-    tr.add_argument("--eval-batch-size", dest="eval_batch_size", type=int,
-                    help="evaluation batch size (default 1024)")
-    tr.add_argument("--max-eval-nodes", dest="max_eval_nodes", type=int,
-                    help="evaluate on a fixed subset of this many nodes per split (0: all)")
-    tr.add_argument("--target-acc", dest="target_acc", type=float,
-                    help="report the time to reach this validation accuracy")
-    hb = tr.add_argument_group("hierbatching (HierBatching Alg. 1)")
-    hb.add_argument("--parts-per-megabatch", dest="parts_per_megabatch", type=int, help="N_d (default 8)")
-    hb.add_argument("--static-ratio", dest="static_ratio", type=float,
-                    help="r_s: fraction of nodes (top degree) resident all run (default 0.01)")
-    hb.add_argument("--passes", type=float, help="p: passes over each mega-batch (default 2)")
-    hb.add_argument("--static-scope", dest="static_scope", help="adjacent | all (default adjacent)")
-    hb.add_argument("--no-pipeline", dest="pipeline", action="store_false", default=None,
-                    help="load mega-batches synchronously (no double buffering)")
-    hb.add_argument("--regroup", help="METHOD:PARTS: mega-batches from this partition of the store "
-                    "instead of its own parts; on an unpartitioned store this is HB- (scattered loads)")
-    ou = tr.add_argument_group("outre (OUTRE §4.2-4.3)")
-    ou.add_argument("--parts-per-macro", dest="parts_per_macro", type=int, help="parts per macro batch (default 20)")
-    ou.add_argument("--feature-cache", dest="feature_cache", help="degree | frequency (default degree)")
-    ou.add_argument("--history-ratio", dest="history_ratio", type=float,
-                    help="fraction of nodes with historical embeddings (default 0.1; 0 disables)")
-    ou.add_argument("--history-by", dest="history_by", help="importance | degree (default importance)")
-    ou.add_argument("--staleness", type=int, help="reuse histories younger than this many iterations (default 100)")
-    tr.add_argument("--threads", type=int, help="torch threads (default: library default)")
-    tr.add_argument("--out", help="run directory (default runs/<store>-<policy>-<model>-s<seed>)")
-    tr.add_argument("--seed", type=int)
-    tr.add_argument("--no-progress", dest="progress", action="store_false", default=None)
+                        description="Train a GNN over a store; writes config.json, log.csv, steps.csv "
+                                    "and summary.json to the run directory.")
+    _add_settings(tr)
     tr.set_defaults(func=_cmd_train)
 
     rp = sub.add_parser("report", help="time-to-accuracy CSV and plot of runs",

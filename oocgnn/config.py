@@ -1,13 +1,19 @@
-"""Run configuration: one dataclass whose field names the CLI, notebooks and papermill share."""
+"""Run configuration: one dataclass whose field names the CLI, notebooks, papermill and sweeps share.
+
+Settings every run has are fields of `TrainConfig`; each policy's own options are a small nested
+dataclass named after the policy (`cfg.hierbatching.passes`), declared beside its plan in
+`oocgnn.policies` (the registry). Every setting has one name, unique across the registry, which
+is also its CLI flag (`--parts-per-megabatch`): `TrainConfig.create(**settings)` and
+`cfg.replace(**settings)` take any of them, and `SETTINGS` lists them with their help.
+`asdict(cfg)` (nested) is saved with every run; `TrainConfig.create(**json)` reads it back.
+"""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, fields, replace
 
 from .errors import UserError
+from .policies import POLICIES, HierBatchingPlan, OutrePlan, setting
 from .units import parse_size
-
-POLICIES = ("inmemory", "mmap", "hierbatching", "outre")
-MODELS = ("sage", "gat", "gin", "mlp")
 
 
 def parse_fanouts(text) -> tuple:
@@ -28,44 +34,36 @@ def parse_fanouts(text) -> tuple:
 @dataclass
 class TrainConfig:
     """Settings of one training run; `asdict(cfg)` is saved as the run's config.json."""
-    store: str
-    policy: str = "inmemory"
-    model: str = "sage"
-    epochs: int = 5
-    max_steps: int = 0                # stop after this many steps (0: all epochs); for quick looks
-    fanouts: str = "10,10"
-    layers: int = 0                   # 0: as many as fanouts; else must equal len(fanouts)
-    batch_size: int = 1024
-    hidden: int = 128
-    lr: float = 3e-3
-    dropout: float = 0.5
-    memory_budget: str = "256MB"
-    eval_every: int = 0               # evaluate every N steps; 0: at the end of each epoch
-    eval_fanouts: str = ""            # default: the training fanouts
-    eval_batch_size: int = 1024
-    max_eval_nodes: int = 20_000      # evaluate on a fixed seeded subset this large (0: all)
-    target_acc: float = 0.0           # summary reports the time to reach this val accuracy
-    out: str = ""                     # run directory; default runs/<store>-<policy>-<model>-s<seed>
-    seed: int = 0
-    # hierbatching (HierBatching Alg. 1)
-    parts_per_megabatch: int = 8      # N_d: parts per mega-batch (r_d = N_d / parts)
-    static_ratio: float = 0.01        # r_s: top-degree nodes resident for the whole run
-    passes: float = 2.0               # p: passes over a mega-batch's training nodes (float allowed)
-    static_scope: str = "adjacent"    # static nodes visible to a mega-batch: adjacent to it, or all
-    pipeline: bool = True             # load the next mega-batch while training on this one
-    regroup: str = ""                 # "metis:256": group by this partition instead of the store's
-                                      # parts; on an unpartitioned store, HB− (scattered loads)
-    # outre (OUTRE §4.2-4.3)
-    parts_per_macro: int = 20         # parts per macro batch
-    feature_cache: str = "degree"     # static feature cache: degree | frequency (profiled epoch)
-    history_ratio: float = 0.1        # fraction of nodes with a historical layer-(L-1) embedding
-    history_by: str = "importance"    # importance (OUTRE's pruned-subtree size) | degree
-    staleness: int = 100              # reuse a history while younger than this many iterations
-    threads: int = 0                  # torch intra-op threads; 0: library default (DGL sampling is
-                                      # reproducible only with OMP_NUM_THREADS=1)
-    progress: bool = True
+    store: str = field(metadata={"help": "the store directory (written by `oocgnn prepare`)"})
+    policy: str = setting("inmemory", "what stays in memory and how batches are formed: "
+                                      + " | ".join(POLICIES))
+    model: str = setting("sage", "sage | gat | gin | mlp")
+    epochs: int = setting(5, "epochs to train")
+    max_steps: int = setting(0, "stop after this many steps (0: all epochs); epoch_s is then extrapolated")
+    fanouts: str = setting("10,10", "sampled neighbours per layer, input layer first (-1: all)")
+    layers: int = setting(0, "number of layers (0: as many as fanouts; else must match them)")
+    batch_size: int = setting(1024, "training nodes per mini-batch")
+    hidden: int = setting(128, "hidden width")
+    lr: float = setting(3e-3, "Adam learning rate")
+    dropout: float = setting(0.5, "dropout between layers")
+    memory_budget: str = setting("256MB", "bytes the policy may keep resident, e.g. 256MB, 1GiB")
+    eval_every: int = setting(0, "evaluate every N steps (0: at the end of each epoch)")
+    eval_fanouts: str = setting("", "fanouts of evaluation (default: the training fanouts)")
+    eval_batch_size: int = setting(1024, "evaluation batch size")
+    max_eval_nodes: int = setting(20_000, "evaluate on a fixed seeded subset this large per split (0: all)")
+    target_acc: float = setting(0.0, "report the time to reach this validation accuracy")
+    out: str = setting("", "run directory (default runs/<store>-<policy>-<model>-s<seed>)")
+    seed: int = setting(0, "seed of batches, sampling and model initialisation")
+    threads: int = setting(0, "torch intra-op threads (0: the library default)")
+    progress: bool = setting(True, "show a progress bar")
+    hierbatching: HierBatchingPlan.Options = field(default_factory=HierBatchingPlan.Options)
+    outre: OutrePlan.Options = field(default_factory=OutrePlan.Options)
+    memory_budget_bytes: int = field(init=False, default=0)     # memory_budget, parsed once
 
     def __post_init__(self):
+        for name in POLICY_OPTIONS:                   # nested dicts (config.json) -> options
+            if isinstance(getattr(self, name), dict):
+                setattr(self, name, POLICIES[name].Options(**getattr(self, name)))
         self.fanouts = ",".join(map(str, parse_fanouts(self.fanouts)))
         self.eval_fanouts = ",".join(map(str, parse_fanouts(self.eval_fanouts or self.fanouts)))
         n = len(self.fanout_list)
@@ -76,6 +74,7 @@ class TrainConfig:
         self.layers = n
         if self.policy not in POLICIES:
             raise UserError(f"unknown policy {self.policy!r}; choose from {', '.join(POLICIES)}")
+        from .models import MODELS
         if self.model not in MODELS:
             raise UserError(f"unknown model {self.model!r}; choose from {', '.join(MODELS)}")
         for name in ("epochs", "batch_size", "hidden", "eval_batch_size"):
@@ -85,31 +84,63 @@ class TrainConfig:
             raise UserError("need 0 <= dropout < 1, lr > 0 and 0 <= target_acc <= 1")
         if self.eval_every < 0 or self.max_eval_nodes < 0 or self.threads < 0 or self.max_steps < 0:
             raise UserError("eval_every, max_eval_nodes, max_steps and threads must be >= 0")
-        self.memory_budget_bytes   # validates the size string
-        if self.parts_per_megabatch < 1 or self.parts_per_macro < 1:
-            raise UserError("parts_per_megabatch and parts_per_macro must be >= 1")
-        if not 0 <= self.static_ratio <= 1 or not 0 <= self.history_ratio <= 1:
-            raise UserError("static_ratio and history_ratio are fractions in [0, 1]")
-        if self.passes < 1:
-            raise UserError(f"passes must be >= 1 (every training node at least once), got {self.passes}")
-        if self.static_scope not in ("adjacent", "all"):
-            raise UserError(f"static_scope must be adjacent or all, got {self.static_scope!r}")
-        if self.feature_cache not in ("degree", "frequency"):
-            raise UserError(f"feature_cache must be degree or frequency, got {self.feature_cache!r}")
-        if self.history_by not in ("importance", "degree"):
-            raise UserError(f"history_by must be importance or degree, got {self.history_by!r}")
-        if self.staleness < 1:
-            raise UserError(f"staleness must be >= 1 iteration (1 disables reuse), got {self.staleness}")
-        if self.history_ratio > 0 and self.model == "mlp" and self.policy == "outre":
+        self.memory_budget_bytes = parse_size(self.memory_budget)
+        if self.policy == "outre" and self.outre.history_ratio > 0 and self.model == "mlp":
             raise UserError("historical embeddings need a GNN (the MLP has no layer L-1 inputs)")
 
     @property
     def fanout_list(self) -> list:
         return list(parse_fanouts(self.fanouts))
 
-    @property
-    def memory_budget_bytes(self) -> int:
-        return parse_size(self.memory_budget)
-
     def to_dict(self) -> dict:
-        return {**asdict(self), "memory_budget_bytes": self.memory_budget_bytes}
+        return asdict(self)
+
+    @classmethod
+    def create(cls, **settings) -> "TrainConfig":
+        """A config from settings by name, top-level or a policy's (`parts_per_megabatch=16`)."""
+        top, nested = _route(settings)
+        return cls(**top, **{p: POLICIES[p].Options(**kw) for p, kw in nested.items()})
+
+    def replace(self, **settings) -> "TrainConfig":
+        """A copy with settings changed by name, top-level or a policy's."""
+        top, nested = _route(settings)
+        return replace(self, **top, **{p: replace(getattr(self, p), **kw) for p, kw in nested.items()})
+
+    def get(self, name):
+        """A setting's value by its name (top-level or a policy's)."""
+        owner = SETTINGS[name][0] if name in SETTINGS else None
+        return getattr(getattr(self, owner) if owner else self, name)
+
+
+POLICY_OPTIONS = [p for p, plan in POLICIES.items() if plan.Options is not None]
+
+
+def _settings() -> dict:
+    """name -> (policy owning it or None, dataclass field), every setting once."""
+    out = {f.name: (None, f) for f in fields(TrainConfig) if f.init and f.name not in POLICY_OPTIONS}
+    for policy in POLICY_OPTIONS:
+        for f in fields(POLICIES[policy].Options):
+            if f.name in out:
+                raise TypeError(f"setting {f.name!r} of {policy} is already a setting of "
+                                f"{out[f.name][0] or 'every run'}: names must be unique")
+            out[f.name] = (policy, f)
+    return out
+
+
+SETTINGS = _settings()
+
+
+def _route(settings: dict) -> tuple[dict, dict]:
+    """Split settings by name into top-level ones and {policy: its options}; nested dicts pass."""
+    top, nested = {}, {}
+    for name, value in settings.items():
+        if name in POLICY_OPTIONS and isinstance(value, dict):
+            nested.setdefault(name, {}).update(value)
+        elif name in POLICY_OPTIONS and isinstance(value, POLICIES[name].Options):
+            top[name] = value
+        elif name in SETTINGS:
+            owner = SETTINGS[name][0]
+            (nested.setdefault(owner, {}) if owner else top)[name] = value
+        elif name != "memory_budget_bytes":       # derived: config.json has it, it is recomputed
+            raise UserError(f"unknown setting {name!r}; settings are: {', '.join(SETTINGS)}")
+    return top, nested

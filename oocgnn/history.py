@@ -1,8 +1,8 @@
-"""Historical embedding cache (OUTRE §4.3): reuse h^(L−1) of hop-1 nodes, prune their sub-trees.
+"""Historical embeddings (OUTRE §4.3): reuse h^(L−1) of hop-1 nodes, prune their sub-trees.
 
-A fixed set of candidates (`redundancy.history_nodes`) owns one slot each, so the cache
-never evicts for capacity; an entry is reused while it is fresh. Per batch, `plan` decides
-(with `simulate.history_prune`, so executed and simulated I/O agree):
+A fixed set of candidates (declared by the plan, `policies.HistorySpec`) owns one slot each, so
+the cache never evicts for capacity; an entry is reused while it is fresh. Per batch, `plan`
+decides (with `history_prune`):
 
 - SKIP: a fresh candidate among the non-seed sources of the last layer; its h^(L−1) is
   pulled from the cache and its (L−1)-deep sub-tree is neither expanded nor gathered
@@ -11,10 +11,13 @@ never evicts for capacity; an entry is reused while it is fresh. Per batch, `pla
   its exact h^(L−1) is computed anyway and stored with stamp = t. A fresh seed candidate is
   computed exactly but not re-pushed: stamps change only on empty/stale entries (OUTRE Fig. 3).
 
-`forward_with_history` runs layers 0..L−2 on the pruned blocks, swaps the skipped rows of
-h^(L−1) for their (detached) histories, pushes, and runs the last layer. Stamps are written
-at compute time, so planning batches ahead is safe (a plan never skips an unwritten slot).
-Pushed rows are taken in whatever mode the model is in (training: after dropout).
+`HistoryStamps` holds only the decisions (the simulator replays them, no model needed);
+`HistoryCache` adds the embeddings and is the executor's stage for such plans: `inputs` gathers
+the rows a pruned batch needs, `forward` runs layers 0..L−2 on the pruned blocks, swaps the
+skipped rows of h^(L−1) for their (detached) histories, pushes, and runs the last layer.
+`NoHistory` is the same stage for plans without histories. Stamps are written at compute time,
+so planning batches ahead is safe (a plan never skips an unwritten slot). Pushed rows are taken
+in whatever mode the model is in (training: after dropout).
 """
 from __future__ import annotations
 
@@ -24,27 +27,48 @@ import numpy as np
 import torch
 
 from .errors import UserError
-from .simulate import history_prune
 
 
-class HistoryCache:
-    """One slot per candidate: `emb` float32 [k, dim], `slot` int32 [N] (−1: not a candidate),
-    `stamp` int64 [k] (−1: empty).
+def history_prune(blocks, history_mask):
+    """(input, expanded, skipped) masks over the local ids of blocks[0].src, blocks[0].dst, blocks[-1].src.
+
+    OUTRE §4.3: a history node met at hop 1 (a source of the last layer) that is not a seed
+    is SKIPped: its h^(L−1) comes from the cache, so it is not expanded at hop 1. If it is
+    also drawn as a neighbour deeper down (NEEDED), its lower-layer embedding is needed and it
+    is expanded there. R_1 = hop-1 nodes minus skipped, then R_{h+1} = R_h ∪ sampled nbrs(R_h).
+    """
+    import dgl
+    if len(blocks) < 2:
+        raise UserError("history reuse needs at least 2 layers (it caches h^(L-1))")
+    last = blocks[-1]
+    skipped = history_mask[last.srcdata[dgl.NID].numpy()]
+    skipped[:last.num_dst_nodes()] = False         # seeds are computed exactly
+    need = ~skipped
+    for b in reversed(blocks[:-1]):                # hop 1, 2, ..., L-1
+        expanded = need
+        src, dst = (t.numpy() for t in b.edges())
+        need = np.zeros(b.num_src_nodes(), dtype=bool)
+        need[:b.num_dst_nodes()] = expanded        # dst nodes come first among the sources
+        need[src[expanded[dst]]] = True
+    return need, expanded, skipped
+
+
+class HistoryStamps:
+    """Which candidates hold a reusable history: `slot` int32 [N] (−1: not a candidate), `stamp`
+    int64 [k] (−1: empty).
 
     Reuse rule (OUTRE §4.3, code `|t − stamp| < STALENESS`): a candidate is fresh at
     iteration t iff stamp ≥ 0 and t − stamp < staleness, so staleness=1 never reuses.
     `t` is a global iteration (mini-batch) counter, non-decreasing across epochs.
     """
 
-    def __init__(self, candidates, dim: int, staleness: int, num_nodes: int):
+    def __init__(self, candidates, staleness: int, num_nodes: int):
         cand = np.unique(np.asarray(candidates, dtype=np.int64))
         if len(cand) and (cand[0] < 0 or cand[-1] >= num_nodes):
             raise UserError(f"history candidates must be store ids in [0, {num_nodes})")
-        if int(dim) < 1 or int(staleness) < 1:
-            raise UserError(f"history cache needs dim >= 1 and staleness >= 1, got {dim}, {staleness}")
-        self.candidates, self.dim, self.staleness = cand, int(dim), int(staleness)
-        self.num_nodes = int(num_nodes)
-        self.emb = torch.zeros(len(cand), self.dim, dtype=torch.float32)   # [k, dim]
+        if int(staleness) < 1:
+            raise UserError(f"history staleness must be >= 1, got {staleness}")
+        self.candidates, self.staleness, self.num_nodes = cand, int(staleness), int(num_nodes)
         self.slot = np.full(self.num_nodes, -1, dtype=np.int32)            # [N]
         self.slot[cand] = np.arange(len(cand), dtype=np.int32)
         self.stamp = np.full(len(cand), -1, dtype=np.int64)                # [k]
@@ -52,6 +76,52 @@ class HistoryCache:
 
     def __len__(self):
         return len(self.candidates)
+
+    def fresh_mask(self, t: int) -> np.ndarray:
+        """bool [N]: candidates whose history may be reused at iteration t."""
+        ok = (self.stamp >= 0) & (int(t) - self.stamp < self.staleness)
+        mask = np.zeros(self.num_nodes, dtype=bool)
+        mask[self.candidates[ok]] = True
+        return mask
+
+    def plan(self, blocks, t: int, prune=True) -> "HistoryPlan":
+        """SKIP/PUSH decisions of one sampled batch at iteration t (and its pruned blocks if `prune`)."""
+        import dgl
+        fresh = self.fresh_mask(t)
+        need, expanded, skipped = history_prune(blocks, fresh)
+        pruned = None
+        if prune:   # per-level expansion: history_prune on the suffix blocks[i:] yields blocks[i]'s expanded dst
+            pruned = [_prune(b, history_prune(blocks[i:], fresh)[1]) for i, b in enumerate(blocks[:-1])]
+            pruned.append(blocks[-1])
+        hop1 = blocks[-1].srcdata[dgl.NID].numpy()
+        slots = self.slot[hop1].astype(np.int64)
+        push = (slots >= 0) & ~fresh[hop1]
+        return HistoryPlan(t=int(t), need=need, expanded=expanded, skipped=skipped, push=push,
+                           skip_slots=slots[skipped], push_slots=slots[push],
+                           input_ids=blocks[0].srcdata[dgl.NID].numpy()[need], pruned_blocks=pruned)
+
+    def mark(self, plan: "HistoryPlan"):
+        """Stamp the plan's pushes (what computing the batch does), counting its hits."""
+        self.stamp[plan.push_slots] = plan.t
+        self.stats["batches"] += 1
+        self.stats["hits"] += plan.hits
+        self.stats["pushes"] += plan.pushes
+
+
+class HistoryCache(HistoryStamps):
+    """The stamps plus the embeddings: `emb` float32 [k, dim]. The executor's history stage."""
+
+    def __init__(self, candidates, dim: int, staleness: int, num_nodes: int):
+        super().__init__(candidates, staleness, num_nodes)
+        if int(dim) < 1:
+            raise UserError(f"history cache needs dim >= 1, got {dim}")
+        self.dim = int(dim)
+        self.emb = torch.zeros(len(self.candidates), self.dim, dtype=torch.float32)   # [k, dim]
+
+    @classmethod
+    def of(cls, spec, num_nodes):
+        """The cache a plan's `HistorySpec` declares."""
+        return cls(spec.candidates, spec.dim, spec.staleness, num_nodes)
 
     def __repr__(self):
         return (f"HistoryCache(k={len(self)}, dim={self.dim}, staleness={self.staleness}, "
@@ -62,13 +132,6 @@ class HistoryCache:
         """Bytes held: embeddings (k·dim·4) + slot table (N·4) + stamps (k·8)."""
         return self.emb.numel() * self.emb.element_size() + self.slot.nbytes + self.stamp.nbytes
 
-    def fresh_mask(self, t: int) -> np.ndarray:
-        """bool [N]: candidates whose history may be reused at iteration t."""
-        ok = (self.stamp >= 0) & (int(t) - self.stamp < self.staleness)
-        mask = np.zeros(self.num_nodes, dtype=bool)
-        mask[self.candidates[ok]] = True
-        return mask
-
     def pull(self, slots) -> torch.Tensor:
         """Histories of `slots` [n, dim], detached (no gradient flows into histories)."""
         return self.emb[torch.as_tensor(slots, dtype=torch.int64)].detach()
@@ -78,20 +141,28 @@ class HistoryCache:
         self.emb[torch.as_tensor(slots, dtype=torch.int64)] = rows.detach().to("cpu", torch.float32)
         self.stamp[slots] = int(t)
 
-    def plan(self, blocks, t: int) -> "HistoryPlan":
-        """SKIP/PUSH decisions and pruned blocks of one sampled batch at iteration t."""
-        import dgl
-        fresh = self.fresh_mask(t)
-        need, expanded, skipped = history_prune(blocks, fresh)
-        # per-level expansion: history_prune on the suffix blocks[i:] yields blocks[i]'s expanded dst
-        pruned = [_prune(b, history_prune(blocks[i:], fresh)[1]) for i, b in enumerate(blocks[:-1])]
-        hop1 = blocks[-1].srcdata[dgl.NID].numpy()
-        slots = self.slot[hop1].astype(np.int64)
-        push = (slots >= 0) & ~fresh[hop1]
-        return HistoryPlan(t=int(t), need=need, expanded=expanded, skipped=skipped, push=push,
-                           skip_slots=slots[skipped], push_slots=slots[push],
-                           input_ids=blocks[0].srcdata[dgl.NID].numpy()[need],
-                           pruned_blocks=pruned + [blocks[-1]])
+    # -- the executor's stage ------------------------------------------------------------------
+    def inputs(self, sample, t, gather):
+        """(x, plan): features of the input rows the pruned batch needs (zeros elsewhere)."""
+        plan = self.plan(sample.blocks, t)
+        return plan.inputs(gather(sample.input_nodes[plan.need])), plan
+
+    def forward(self, model, plan, x, t):
+        return forward_with_history(model, plan, x, self, t)
+
+
+class NoHistory:
+    """The stage of plans without histories: every input row is gathered, the model runs whole."""
+    nbytes = 0
+
+    def __init__(self):
+        self.stats = {"batches": 0, "hits": 0, "pushes": 0}
+
+    def inputs(self, sample, t, gather):
+        return gather(sample.input_nodes), sample.blocks
+
+    def forward(self, model, blocks, x, t):
+        return model(blocks, x)
 
 
 def _prune(block, keep_dst: np.ndarray):
@@ -119,7 +190,7 @@ class HistoryPlan:
     skip_slots: np.ndarray   # int64 [hits]: cache slots of the skipped rows, in local-id order
     push_slots: np.ndarray   # int64 [pushes]: cache slots of the pushed rows, in local-id order
     input_ids: np.ndarray    # int64 [need.sum()]: store ids of the needed input rows
-    pruned_blocks: list      # blocks[:-1] minus edges into non-expanded dst nodes, then blocks[-1]
+    pruned_blocks: list | None  # blocks[:-1] minus edges into non-expanded dst nodes, then blocks[-1]
 
     @property
     def hits(self) -> int:
@@ -149,6 +220,8 @@ def forward_with_history(model, plan: HistoryPlan, x: torch.Tensor, cache: Histo
     stamps the pushed rows. OUTRE §4.3: no gradient flows into pulled rows or the cache.
     """
     blocks = plan.pruned_blocks
+    if blocks is None:
+        raise UserError("this history plan was made without its pruned blocks (plan(..., prune=True))")
     L = len(blocks)
     if not callable(getattr(model, "layer", None)):
         raise UserError(f"{type(model).__name__} has no layer(i, block, h): history reuse needs a "

@@ -21,6 +21,7 @@ from .errors import StoreError, UserError
 PAGE = 4096
 MAX_REQUEST = 128 * 1024     # DirectReader: bytes per coalesced row request
 RANGE_REQUEST = 1 << 20      # DirectReader: bytes per sequential range request
+RANGE_CHUNK = 64 << 20       # a resident range is loaded in read_range calls of at most this many bytes
 
 
 @numba.njit(cache=True)
@@ -190,6 +191,13 @@ def request_breaks(first, last, row_pages=1, max_request=MAX_REQUEST) -> np.ndar
 def range_requests(pages: int, range_request=RANGE_REQUEST) -> int:
     """Requests DirectReader.read_range issues for a span of `pages` pages."""
     return -(-pages * PAGE // range_request)
+
+
+def range_chunks(lo, hi, row_stride, chunk_bytes=RANGE_CHUNK) -> list:
+    """Rows [lo, hi) as the consecutive read_range calls that load them, each at most `chunk_bytes`
+    (one row at least): the runtime loads resident ranges so, and the simulator counts them so."""
+    step = max(1, int(chunk_bytes) // int(row_stride))
+    return [(a, min(a + step, hi)) for a in range(int(lo), int(hi), step)]
 
 
 def drop_file_cache(path) -> None:

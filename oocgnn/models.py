@@ -19,6 +19,11 @@ from .errors import UserError
 class BlockModel(nn.Module):
     """A stack of message-passing layers; subclasses define `layer(i, block, h)`."""
 
+    @staticmethod
+    def hidden_width(hidden: int, **kw) -> int:
+        """Width of a hidden layer's output h^(l) for a `hidden` setting (what histories store)."""
+        return int(hidden)
+
     def forward(self, blocks, x):
         for i, block in enumerate(blocks):
             x = self.layer(i, block, x)
@@ -42,6 +47,11 @@ class SAGE(BlockModel):
 class GAT(BlockModel):
     """Graph attention (Veličković et al. 2018): `heads` heads per hidden layer, 1 at the output."""
 
+    @staticmethod
+    def hidden_width(hidden, heads=4):
+        """`heads` heads of hidden // heads features each, concatenated."""
+        return (int(hidden) // heads) * heads
+
     def __init__(self, in_dim, hidden, out_dim, num_layers=2, dropout=0.5, heads=4):
         super().__init__()
         self.layers = nn.ModuleList()
@@ -50,7 +60,7 @@ class GAT(BlockModel):
             last = i == num_layers - 1
             self.layers.append(dglnn.GATConv(d, out_dim if last else hidden // heads,
                                              1 if last else heads, allow_zero_in_degree=True))
-            d = (hidden // heads) * heads
+            d = self.hidden_width(hidden, heads)
         self.dropout = nn.Dropout(dropout)
 
     def layer(self, i, block, h):
@@ -96,6 +106,13 @@ class MLP(nn.Module):
 
 
 MODELS = {"sage": SAGE, "gat": GAT, "gin": GIN, "mlp": MLP}
+
+
+def hidden_width(name, hidden) -> int:
+    """Width of model `name`'s hidden embeddings h^(l) for a `hidden` setting."""
+    if name not in MODELS or not hasattr(MODELS[name], "hidden_width"):
+        raise UserError(f"model {name!r} has no hidden message-passing layers")
+    return MODELS[name].hidden_width(hidden)
 
 
 def build_model(name, in_dim, hidden, out_dim, num_layers, dropout=0.5) -> nn.Module:

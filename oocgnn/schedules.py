@@ -1,8 +1,8 @@
 """Batch schedules: which batches, and what enters and leaves memory before each (the plans' step streams).
 
 A schedule yields, per epoch, `Step`s: one mini-batch of seed nodes plus the residency change
-that happens *before* it. Three policies, one contract (`schedule.epoch(e)`, deterministic
-from (seed, e)):
+that happens *before* it, and `setup()`: what is resident all run, loaded once before the first
+step. Three schedules, one contract (`schedule.epoch(e)`, deterministic from (seed, e)):
 
 - `random`: shuffled training nodes cut into batches of B (PyG / DGL / Ginex).
 - `partition`: OUTRE §4.2: macro batches of `n_per_macro` random parts, their training nodes
@@ -16,8 +16,8 @@ from (seed, e)):
 Residency is two independent sets: store-id *ranges* (a part is `[off[k], off[k+1])`, one
 sequential read of features.bin and of its CSR slice of indices.bin) and scattered *ids*
 (the static cache). Leaving a range never evicts an id. Apply `leave_*` before `enter_*`.
-Epochs are meant to run in order from 0: the static cache enters at epoch 0's first step,
-and an epoch's first step evicts the previous epoch's last group. A group without training
+Epochs are meant to run in order from 0, after `setup()`: an epoch's first step evicts the
+previous epoch's last group. A group without training
 nodes yields no step and is not loaded. The static cache's neighbour lists are read once with
 its features (HierBatching re-reads a static copy's slices per mega-batch instead; with a
 symmetric CSR a group's own slice already holds every group–static edge, only the
@@ -116,6 +116,10 @@ class Schedule:
     def epoch(self, epoch: int):
         raise NotImplementedError
 
+    def setup(self) -> Step | None:
+        """What is resident all run, loaded once before the first step (None: nothing)."""
+        return None
+
     def steps(self, epochs: int):
         """(epoch, batch index, Step) of `epochs` epochs from epoch 0, in order."""
         for e in range(int(epochs)):
@@ -173,11 +177,7 @@ class _GroupSchedule(Schedule):
                 if j == 0:
                     step.leave_ranges, step.enter_ranges = resident, ranges
                     resident = ranges
-                    self._first_of_group(step, epoch, g)
                 yield step
-
-    def _first_of_group(self, step, epoch, g):
-        pass
 
 
 class PartitionSchedule(_GroupSchedule):
@@ -246,9 +246,9 @@ class MegabatchSchedule(_GroupSchedule):
         adj = nbr[self._static_mask[nbr]]
         return np.union1d(t, adj.astype(np.int64))
 
-    def _first_of_group(self, step, epoch, g):
-        if epoch == 0 and g == 0:
-            step.enter_ids = self.static_ids
+    def setup(self):
+        """The static cache, features and adjacency, for the whole run."""
+        return Step(seeds=_EMPTY, enter_ids=self.static_ids, data=self.data)
 
 
 SCHEDULES = {"random": RandomSchedule, "partition": PartitionSchedule, "megabatch": MegabatchSchedule}

@@ -20,9 +20,11 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from .errors import UserError
-from .io import PAGE, page_span, range_requests, request_breaks
+from .history import HistoryStamps, history_prune
+from .io import PAGE, page_span, range_chunks, range_requests, request_breaks
 from .sampler import Sampler, sampled_steps
-from .schedules import _ids_of_ranges, make_schedule
+from .policies import as_plan
+from .schedules import Step, _ids_of_ranges
 
 DATA = ("features", "adjacency")
 
@@ -71,6 +73,11 @@ class Layout:
         start, end = self.indptr[nodes] * self.isz, self.indptr[nodes + 1] * self.isz
         keep = end > start
         return page_union(*page_span(start[keep], end[keep] - start[keep]))
+
+    def range_feature_reads(self, lo, hi) -> tuple[int, int]:
+        """(pages, requests) of loading feature rows [lo, hi) as the runtime does (`io.range_chunks`)."""
+        pages = [self.range_pages(a, b)[0] for a, b in range_chunks(lo, hi, self.stride)]
+        return sum(pages), sum(range_requests(p) for p in pages)
 
     def range_pages(self, lo, hi) -> tuple[int, int]:
         """(feature pages, adjacency pages) of sequential reads of rows [lo, hi)."""
@@ -123,10 +130,9 @@ class Residency:
                 load["load_feature_pages"] = lay.feature_pages(rows)[0] + lay.feature_pages(ids)[0]
                 load["load_feature_requests"] = lay.feature_requests(rows) + lay.feature_requests(ids)
             else:
-                range_pages = [lay.range_pages(lo, hi)[0] for lo, hi in step.enter_ranges]
-                load["load_feature_pages"] = sum(range_pages) + lay.feature_pages(ids)[0]
-                load["load_feature_requests"] = (sum(range_requests(p) for p in range_pages)
-                                                 + lay.feature_requests(ids))
+                reads = [lay.range_feature_reads(lo, hi) for lo, hi in step.enter_ranges]
+                load["load_feature_pages"] = sum(p for p, _ in reads) + lay.feature_pages(ids)[0]
+                load["load_feature_requests"] = sum(r for _, r in reads) + lay.feature_requests(ids)
         if "adjacency" in step.data:
             load["load_edges"] = (sum(int(lay.indptr[hi] - lay.indptr[lo]) for lo, hi in step.enter_ranges)
                                   + int(self.deg[ids].sum()))
@@ -134,30 +140,6 @@ class Residency:
                                             + lay.adjacency_pages(ids)[0])
         self._update()
         return load
-
-
-def history_prune(blocks, history_mask):
-    """(input, expanded, skipped) masks over the local ids of blocks[0].src, blocks[0].dst, blocks[-1].src.
-
-    OUTRE §4.3: a history node met at hop 1 (a source of the last layer) that is not a seed
-    is SKIPped: its h^(L−1) comes from the cache, so it is not expanded at hop 1. If it is
-    also drawn as a neighbour deeper down (NEEDED), its lower-layer embedding is needed and it
-    is expanded there. R_1 = hop-1 nodes minus skipped, then R_{h+1} = R_h ∪ sampled nbrs(R_h).
-    """
-    import dgl
-    if len(blocks) < 2:
-        raise UserError("history reuse needs at least 2 layers (it caches h^(L-1))")
-    last = blocks[-1]
-    skipped = history_mask[last.srcdata[dgl.NID].numpy()]
-    skipped[:last.num_dst_nodes()] = False         # seeds are computed exactly
-    need = ~skipped
-    for b in reversed(blocks[:-1]):                # hop 1, 2, ..., L-1
-        expanded = need
-        src, dst = (t.numpy() for t in b.edges())
-        need = np.zeros(b.num_src_nodes(), dtype=bool)
-        need[:b.num_dst_nodes()] = expanded        # dst nodes come first among the sources
-        need[src[expanded[dst]]] = True
-    return need, expanded, skipped
 
 
 def _reads(lay, resident, ids, data):
@@ -170,20 +152,27 @@ def _reads(lay, resident, ids, data):
     return len(miss), *lay.adjacency_pages(miss)
 
 
-def count_batch(lay, resident, blocks, history=None) -> dict:
-    """Per-batch demand and disk reads of one sampled batch, given what is resident."""
+def count_batch(lay, resident, blocks, history=None, used=None) -> dict:
+    """Per-batch demand and disk reads of one sampled batch, given what is resident.
+
+    `used`: a `HistoryPlan` (OUTRE §4.3) of this batch; only the input rows and neighbour lists
+    its pruned computation uses are read. `history`: an ideal always-fresh history mask, counted
+    apart in the `*_hist` columns."""
     import dgl
     row = {"unique_l0": blocks[-1].num_dst_nodes()}
     for h, blk in enumerate(reversed(blocks), 1):
         row[f"unique_l{h}"] = blk.num_src_nodes()
     inp, exp = blocks[0].srcdata[dgl.NID].numpy(), blocks[0].dstdata[dgl.NID].numpy()
     row["input_nodes"] = row["feature_rows_needed"] = len(inp)
+    read, lists = (inp, exp) if used is None else (inp[used.need], exp[used.expanded])
     row["feature_rows_read"], row["feature_pages_read"], row["feature_runs"] = \
-        _reads(lay, resident, inp, "features")
-    miss = np.sort(inp)
+        _reads(lay, resident, read, "features")
+    miss = np.sort(read)
     row["feature_requests"] = lay.feature_requests(miss[~resident["features"][miss]])
     row["neighbour_lists_needed"] = len(exp)
-    row["neighbour_lists_read"], row["neighbour_pages_read"], _ = _reads(lay, resident, exp, "adjacency")
+    row["neighbour_lists_read"], row["neighbour_pages_read"], _ = _reads(lay, resident, lists, "adjacency")
+    if used is not None:
+        row["history_hits"] = used.hits
     if history is not None:
         need, expanded, skipped = history_prune(blocks, history)
         row["history_hits"] = int(np.count_nonzero(skipped))
@@ -195,30 +184,40 @@ def count_batch(lay, resident, blocks, history=None) -> dict:
     return row
 
 
-def simulate(store, schedule, fanouts, epochs=1, seed=0, feature_cache=None, neighbour_cache=None,
+def simulate(store, plan, fanouts=None, epochs=1, seed=0, feature_cache=None, neighbour_cache=None,
              history=None, progress=True, g=None, **schedule_params) -> pd.DataFrame:
-    """One row per batch of `epochs` epochs of `schedule` (a Schedule, or a name + schedule_params).
+    """One row per batch of `epochs` epochs of a plan (`policies.make_plan`: any policy), or of a
+    schedule (a Schedule, or a name + schedule_params) walked with `fanouts` and sampling `seed`.
 
-    `seed` seeds the sampler per batch (`sampler.batch_seed(seed, epoch, batch)`) and a schedule given
-    by name. feature_cache / neighbour_cache: ids (or masks) always resident at no cost;
-    history: ids (or a mask) reusing h^(L−1), adding the `*_hist` columns. `g`: the store's
-    DGL graph, if already built. `df.attrs` holds the schedule, fanouts and wall seconds.
+    Counted as the executor runs it: `plan.setup()` loads before the first step (its counts in
+    `df.attrs["setup"]`), each step's residency change is applied before its batch is sampled, and
+    with the plan's histories (OUTRE §4.3) only what a pruned batch uses is read, the histories'
+    stamps refreshed as the executor's are. feature_cache / neighbour_cache: ids (or masks) always
+    resident at no cost; history: ids (or a mask) of an ideal always-fresh history, counted apart in
+    the `*_hist` columns. `g`: the store's DGL graph, if already built. `df.attrs` also holds the
+    schedule, fanouts, seed and wall seconds.
     """
-    fanouts = [int(f) for f in fanouts]
-    if isinstance(schedule, str):
-        schedule = make_schedule(schedule, store, **({"seed": seed} | schedule_params))
+    plan = as_plan(store, plan, fanouts, seed, **schedule_params)
+    if history is not None and plan.history is not None:
+        raise UserError("this plan has its own histories; an ideal `history` would be counted twice")
     g = store.graph() if g is None else g
     res = Residency(store, feature_cache, neighbour_cache)
+    setup = res.apply(plan.setup() or Step(seeds=np.empty(0, np.int64)))
     hist = None if history is None else _as_mask(history, store.num_nodes)
+    stamps = None if plan.history is None else \
+        HistoryStamps(plan.history.candidates, plan.history.staleness, store.num_nodes)
     rows, t0 = [], time.perf_counter()
-    bar = tqdm(desc=f"simulate {schedule.name}", unit="batch", disable=not progress, leave=False)
+    bar = tqdm(desc=f"simulate {plan.schedule.name}", unit="batch", disable=not progress, leave=False)
     loads = {}
-    for i, epoch, b, step, sample in sampled_steps(schedule, Sampler(g, fanouts, seed), epochs,
+    for i, epoch, b, step, sample in sampled_steps(plan, Sampler(g, plan.fanouts, plan.seed), epochs,
                                                    before=lambda i, step: loads.__setitem__(i, res.apply(step))):
         row = {"epoch": epoch, "batch": b, "group": step.group, "seeds": len(step.seeds),
                "visible_nodes": store.num_nodes if step.visible is None else len(step.visible)}
         load = loads.pop(i)
-        row.update(count_batch(res.layout, res.resident, sample.blocks, hist))
+        used = None if stamps is None else stamps.plan(sample.blocks, i, prune=False)
+        row.update(count_batch(res.layout, res.resident, sample.blocks, hist, used))
+        if used is not None:
+            stamps.mark(used)
         row.update(load, load_pages=load["load_feature_pages"] + load["load_adjacency_pages"])
         row["load_bytes"] = row["load_pages"] * PAGE
         row["resident_feature_rows"], row["resident_adjacency_nodes"] = (res.counts[d] for d in DATA)
@@ -226,7 +225,8 @@ def simulate(store, schedule, fanouts, epochs=1, seed=0, feature_cache=None, nei
         bar.update()
     bar.close()
     df = pd.DataFrame(rows)
-    df.attrs.update(schedule=repr(schedule), fanouts=fanouts, seed=seed, seconds=time.perf_counter() - t0)
+    df.attrs.update(schedule=repr(plan.schedule), fanouts=plan.fanouts, seed=plan.seed, setup=setup,
+                    seconds=time.perf_counter() - t0)
     return df
 
 

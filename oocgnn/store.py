@@ -310,8 +310,8 @@ class Store:
 
     @property
     def topology_nbytes(self) -> int:
-        """indptr + indices as stored (HierBatching App. B's B)."""
-        return self.indptr.nbytes + self.num_edges * np.dtype(self.meta["index_dtype"]).itemsize
+        """indptr + indices as stored (HierBatching App. B's B), from the metadata."""
+        return (self.num_nodes + 1) * 8 + self.num_edges * np.dtype(self.meta["index_dtype"]).itemsize
 
     def reader(self, kind="direct", **kw):
         """A feature reader over this store ('direct', 'mmap' or 'memory'); see `oocgnn.io`."""

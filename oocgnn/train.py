@@ -1,10 +1,10 @@
-"""The executor: run a policy's schedule for real, train the model, log accuracy against time.
+"""The executor: run a policy's plan for real, train the model, log accuracy against time.
 
-The policy (`oocgnn.policies`) owns the schedule the simulator replays, the resident feature
-rows and the readers; this loop applies each step's residency change, samples the batch
-with the shared seeded sampler (`schedules.sample_blocks`), gathers features, prunes by
-historical embeddings when the policy has them (OUTRE §4.3), trains and evaluates.
-Simulated and executed I/O of the same run agree (a test).
+The plan (`oocgnn.policies`) is what the simulator replays; the runtime (`oocgnn.runtime`)
+interprets it: setup rows before the run, each step's residency change before its batch is
+sampled (the shared walk `sampler.sampled_steps`), the batch's input rows gathered through the
+resident rows and the readers, the model run through the plan's history stage (OUTRE §4.3).
+This loop trains and evaluates. Simulated and executed I/O of the same run agree (a test).
 
 Every run writes `config.json`, `log.csv` (one row per evaluation: training wall time
 without evaluation, accuracy, bytes and requests read), `steps.csv` (one row per step: its
@@ -19,6 +19,7 @@ import os
 import platform
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import dgl
 import numpy as np
@@ -30,8 +31,9 @@ from tqdm.auto import tqdm
 from .config import TrainConfig
 from .io import IOStats
 from .models import build_model
-from .policies import make_policy
-from .sampler import Sampler
+from .policies import make_plan
+from .runtime import Runtime
+from .sampler import Sampler, sampled_steps
 from .store import open_store
 from .units import peak_rss, reset_peak_rss
 
@@ -56,6 +58,13 @@ class _Timers:
         t = time.perf_counter()
         yield
         self.s[stage] = self.s.get(stage, 0.0) + time.perf_counter() - t
+
+    def timed(self, stage, fn):
+        """`fn` with every call counted in `stage`."""
+        def run(*args, **kw):
+            with self(stage):
+                return fn(*args, **kw)
+        return run
 
 
 def _seed_everything(seed: int):
@@ -97,12 +106,14 @@ def train(cfg: TrainConfig) -> dict:
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     _seed_everything(cfg.seed)
+    plan = make_plan(store, cfg)
     g = store.graph()
-    policy = make_policy(store, cfg)
+    sampler = Sampler(g, plan.fanouts, plan.seed)
+    runtime = Runtime(store, plan, sampler)
     (run_dir / "config.json").write_text(json.dumps({
         **cfg.to_dict(), "store_meta": {k: store.meta[k] for k in
                                         ("name", "num_nodes", "num_edges", "feat_dim", "num_parts")},
-        "policy_memory": policy.memory(), "schedule": repr(policy.schedule),
+        "policy_memory": plan.memory(), "schedule": repr(plan.schedule),
         "host": {"python": platform.python_version(), "torch": torch.__version__,
                  "dgl": dgl.__version__, "cpus": os.cpu_count(),
                  "loadavg": open("/proc/loadavg").read().split()[:3]}}, indent=2) + "\n")
@@ -117,7 +128,7 @@ def train(cfg: TrainConfig) -> dict:
             ids = np.sort(np.random.default_rng(cfg.seed + 1).choice(ids, cfg.max_eval_nodes, replace=False))
         eval_sets[split] = ids
 
-    steps = list(policy.steps(cfg.epochs))        # deterministic; listed once for lookahead
+    steps = list(plan.steps(cfg.epochs))          # deterministic; listed once for lookahead
     epoch_steps = sum(1 for e, _, _ in steps if e == 0)
     truncated = 0 < cfg.max_steps < len(steps)
     if truncated:
@@ -125,19 +136,17 @@ def train(cfg: TrainConfig) -> dict:
     next_load = _next_loads(steps)
     timers, rows, step_rows = _Timers(), [], []
     train_s, loss_sum, loss_n = 0.0, 0.0, 0
-    excluded = IOStats()                           # reads of evaluation and of cache fills
-    excluded += policy.io()                        # e.g. OUTRE's static cache fill
-    history_hits = 0
+    excluded = IOStats()                           # reads of the setup and of evaluation
 
     def log_eval(epoch, step):
         nonlocal loss_sum, loss_n
-        before = policy.io()
+        before = runtime.io()
         with timers("eval"):
-            accs = {s: evaluate(model, eval_sampler, policy.eval_gather, labels, ids,
+            accs = {s: evaluate(model, eval_sampler, runtime.eval_rows, labels, ids,
                                 cfg.eval_batch_size, seed=cfg.seed + 7) for s, ids in eval_sets.items()}
-        if policy.eval_reader is None:             # else a background load may be what was read
-            excluded.__iadd__(policy.io() - before)
-        io = policy.io() - excluded
+        if runtime.eval_reader is None:            # else a background load may be what was read
+            excluded.__iadd__(runtime.io() - before)
+        io = runtime.io() - excluded
         rows.append({"wall_s": round(train_s, 4), "epoch": epoch, "step": step,
                      "train_loss": loss_sum / loss_n if loss_n else float("nan"),
                      "val_acc": accs["val"], "test_acc": accs["test"],
@@ -147,50 +156,46 @@ def train(cfg: TrainConfig) -> dict:
         return accs
 
     bar = tqdm(total=len(steps), desc=cfg.policy, unit="step", disable=not cfg.progress, leave=False)
-    with policy.memory_cap():
+    walk = sampled_steps(steps, SimpleNamespace(sample=timers.timed("sample", sampler.sample)),
+                         before=timers.timed("load", lambda i, step: runtime.before(step, next_load[i])))
+    with runtime.memory_cap():
+        runtime.setup()                            # run-long residents: outside the timed epochs
+        setup_io = runtime.io()
+        excluded += setup_io
         log_eval(0, 0)                             # accuracy at time 0; also part of the warm-up
         setup_s = time.perf_counter() - t_enter
-        for i, (epoch, b, step) in enumerate(steps):
-            io0 = policy.io()
-            t0 = time.perf_counter()
-            with timers("load"):
-                policy.before(step, next_load[i])
-            with timers("sample"):
-                inp, output_nodes, blocks = policy.sampler.sample(step.seeds, epoch, b, step.visible)
-            plan = policy.history.plan(blocks, i) if policy.history is not None else None
+        io0, t0 = runtime.io(), time.perf_counter()
+        for i, epoch, b, step, sample in walk:     # loads the step's ranges, then samples its batch
             with timers("gather"):
-                x = policy.gather(inp) if plan is None else plan.inputs(policy.gather(inp[plan.need]))
+                x, ctx = runtime.inputs(sample, i)
             with timers("compute"):
-                if plan is None:
-                    logits = model(blocks, x)
-                else:
-                    from .history import forward_with_history
-                    logits = forward_with_history(model, plan, x, policy.history, i)
-                    history_hits += plan.hits
-                loss = F.cross_entropy(logits, labels[torch.from_numpy(output_nodes)])
+                logits = runtime.forward(model, ctx, x, i)
+                loss = F.cross_entropy(logits, labels[torch.from_numpy(sample.output_nodes)])
                 opt.zero_grad()
                 loss.backward()
                 opt.step()
-            del x, blocks
+            del x, ctx, sample
             loss_sum, loss_n = loss_sum + loss.item(), loss_n + 1
             step_s = time.perf_counter() - t0
             train_s += step_s
-            sio = policy.io() - io0
+            sio = runtime.io() - io0
             step_rows.append((epoch, b, step_s, sio.bytes_read, sio.pages, sio.requests, sio.seconds))
             bar.update()
             if i + 1 == WARMUP_STEPS:
-                policy.end_warmup()                # e.g. mmap: cap at budget + measured working set
+                runtime.end_warmup()               # e.g. mmap: cap at budget + measured working set
             last_of_epoch = i + 1 == len(steps) or steps[i + 1][0] != epoch
             if (cfg.eval_every and (i + 1) % cfg.eval_every == 0) or (not cfg.eval_every and last_of_epoch) \
                     or i + 1 == len(steps):
                 accs = log_eval(epoch, i + 1)
                 bar.set_postfix(val=f"{accs['val']:.3f}", loss=f"{rows[-1]['train_loss']:.3f}")
+            io0, t0 = runtime.io(), time.perf_counter()
         if len(steps) < WARMUP_STEPS:
-            policy.end_warmup()
+            runtime.end_warmup()
     bar.close()
-    cap_record = policy.cap_record()
-    io = policy.io() - excluded
-    policy.close()
+    cap_record = runtime.cap_record()
+    io = runtime.io() - excluded
+    reader = type(runtime.cached.reader).__name__
+    runtime.close()
 
     log = pd.DataFrame(rows, columns=LOG_COLUMNS)
     pd.DataFrame(step_rows, columns=STEP_COLUMNS).to_csv(run_dir / "steps.csv", index=False)
@@ -198,7 +203,7 @@ def train(cfg: TrainConfig) -> dict:
     epochs_run = len(steps) / max(1, epoch_steps) if truncated else cfg.epochs
     best = int(log["val_acc"].idxmax())
     reached = log[log["val_acc"] >= cfg.target_acc] if cfg.target_acc else log.iloc[:0]
-    stage = {k: round(v, 3) for k, v in {**timers.s, **{f"bg_{k}": v for k, v in policy.timers.items()}}.items()}
+    stage = {k: round(v, 3) for k, v in {**timers.s, **{f"bg_{k}": v for k, v in runtime.timers.items()}}.items()}
     summary = {
         "policy": cfg.policy, "model": cfg.model, "store": str(store.path), "seed": cfg.seed,
         "epochs": cfg.epochs, "steps": len(steps), "epoch_steps": epoch_steps,
@@ -208,13 +213,22 @@ def train(cfg: TrainConfig) -> dict:
         "final_val_acc": float(log["val_acc"].iloc[-1]), "final_test_acc": float(log["test_acc"].iloc[-1]),
         "target_acc": cfg.target_acc,
         "time_to_target_s": float(reached["wall_s"].iloc[0]) if len(reached) else None,
-        "io": {**io.as_dict(), "reader": type(policy.reader).__name__},
-        "io_excluded": excluded.as_dict(),
-        "memory": policy.memory(), "resident_bytes": policy.resident_bytes(),
+        "io": {**io.as_dict(), "reader": reader},
+        "io_setup": setup_io.as_dict(),
+        "io_excluded": (excluded - setup_io).as_dict(),
+        "memory": plan.memory(), "resident_bytes": plan.resident_bytes(),
         "memory_budget": cfg.memory_budget_bytes, "memory_cap": cap_record, "peak_rss": peak_rss(),
-        "history_hits": history_hits,
+        "history_hits": runtime.history_hits,
     }
-    if hasattr(policy, "rule"):
-        summary["hierbatching_rule"] = policy.rule()
+    if hasattr(plan, "rule"):
+        summary["hierbatching_rule"] = plan.rule()
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=float) + "\n")
     return {**summary, "run_dir": str(run_dir), "log": log}
+
+
+def train_fresh(cfg: TrainConfig) -> dict:
+    """`train(cfg)` in a fresh interpreter: its peak RSS (and an mmap run's cgroup) then belong to this
+    run alone, not to what the calling process did before (notebooks, sweeps)."""
+    import multiprocessing
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        return pool.apply(train, (cfg,))

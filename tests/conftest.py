@@ -30,3 +30,26 @@ def tiny_data():
 def tiny_store(tmp_path_factory, tiny_data):
     from oocgnn.store import write_store
     return write_store(tiny_data, tmp_path_factory.mktemp("stores") / "tiny", progress=False)
+
+
+@pytest.fixture(scope="session")
+def parted(tiny_data, tmp_path_factory):
+    """The tiny graph in a random store order, cut into 13 uneven parts (no partitioner needed)."""
+    import numpy as np
+    from oocgnn.store import write_store
+    n = tiny_data.num_nodes
+    cuts = np.sort(np.random.default_rng(8).choice(np.arange(1, n), 12, replace=False))
+    return write_store(tiny_data, tmp_path_factory.mktemp("stores") / "parted",
+                       order=np.random.default_rng(7).permutation(n),
+                       part_offsets=np.concatenate([[0], cuts, [n]]), progress=False)
+
+
+@pytest.fixture(scope="session")
+def fennel16(tmp_path_factory, tiny_data):
+    """The tiny graph partition-ordered into 16 FENNEL parts."""
+    from oocgnn.partition import order_from_assignment, partition
+    from oocgnn.store import write_store
+    assignment, _ = partition(tiny_data, "fennel", 16, cache_dir=False)
+    order, offsets = order_from_assignment(assignment, 16)
+    return write_store(tiny_data, tmp_path_factory.mktemp("stores") / "tiny16", order=order,
+                       part_offsets=offsets, partitioner="fennel", progress=False)

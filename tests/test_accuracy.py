@@ -18,8 +18,8 @@ pytestmark = pytest.mark.slow
 
 def _test_acc(store_path, tmp_path, seed=0, **kw):
     kw = {"max_eval_nodes": 0, **kw}
-    cfg = TrainConfig(store=str(store_path), out=str(tmp_path / f"run-{kw.get('model', 'sage')}-{seed}"),
-                      seed=seed, progress=False, **kw)
+    cfg = TrainConfig.create(store=str(store_path), out=str(tmp_path / f"run-{kw.get('model', 'sage')}-{seed}"),
+                             seed=seed, progress=False, **kw)
     return train(cfg)["test_at_best_val"]
 
 

@@ -55,11 +55,21 @@ def test_every_command_has_help():
 
 
 def test_train_has_a_flag_for_every_setting():
-    """Every TrainConfig field can be set from the command line (notebooks and CLI share names)."""
+    """Every setting, each policy's options included, has a flag of its own name with its help and
+    default (notebooks and CLI share names), and the flags build the config they say."""
     import argparse
     from dataclasses import fields
     from oocgnn.cli import build_parser
-    from oocgnn.config import TrainConfig
+    from oocgnn.config import SETTINGS, TrainConfig
+    from oocgnn.policies import POLICIES
     sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
-    dests = {a.dest for a in sub.choices["train"]._actions}
-    assert {f.name for f in fields(TrainConfig)} <= dests
+    actions = {a.dest: a for a in sub.choices["train"]._actions}
+    every = {f.name for f in fields(TrainConfig) if f.init and f.name not in POLICIES}
+    every |= {f.name for p in POLICIES.values() if p.Options for f in fields(p.Options)}
+    assert set(SETTINGS) == every <= set(actions)
+    for name, (_, f) in SETTINGS.items():
+        if name != "store" and f.type != "bool":
+            assert actions[name].help.startswith(f.metadata["help"]) and "default" in actions[name].help
+    args = build_parser().parse_args(["train", "S", "--passes", "1.5", "--no-pipeline", "--staleness", "3"])
+    cfg = TrainConfig.create(**{k: v for k, v in vars(args).items() if k in SETTINGS and v is not None})
+    assert (cfg.hierbatching.passes, cfg.hierbatching.pipeline, cfg.outre.staleness) == (1.5, False, 3)

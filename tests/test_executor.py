@@ -1,118 +1,145 @@
-"""The executor against its oracles: simulated I/O, pipelining on/off, budgets, policies learn."""
+"""The executor against its oracles: simulated I/O for every plan, memory from the plan, pipelining
+on/off, budgets, and runs that see what they promise."""
 import numpy as np
 import pandas as pd
 import pytest
 
 from oocgnn.config import TrainConfig
 from oocgnn.errors import UserError
-from oocgnn.partition import order_from_assignment, partition
-from oocgnn.policies import make_policy
+from oocgnn.policies import POLICIES, make_plan
+from oocgnn.runtime import Runtime
+from oocgnn.sampler import Sampler
 from oocgnn.simulate import simulate, summarize
-from oocgnn.store import write_store
 from oocgnn.train import train
 
+# each policy at settings that make it do its thing on the tiny store (16 FENNEL parts); variants
+# reach the other paths: no pipelining with fractional passes, the frequency cache, two epochs
+RUNS = {
+    "inmemory": {},
+    "mmap": {"memory_budget": "32MB"},
+    "hierbatching": {"parts_per_megabatch": 4, "static_ratio": 0.02, "passes": 2.0},
+    "hierbatching-sync": {"policy": "hierbatching", "parts_per_megabatch": 3, "static_ratio": 0.0,
+                          "passes": 1.5, "pipeline": False},
+    "outre": {"parts_per_macro": 4, "memory_budget": "1MB", "history_ratio": 0.2, "staleness": 5},
+    "outre-frequency": {"policy": "outre", "parts_per_macro": 4, "memory_budget": "600KB", "history_ratio": 0.1,
+                        "history_by": "degree", "feature_cache": "frequency", "staleness": 1000},
+}
 
-@pytest.fixture(scope="module")
-def parted(tmp_path_factory, tiny_data):
-    """The tiny graph partition-ordered into 16 FENNEL parts."""
-    assignment, _ = partition(tiny_data, "fennel", 16, cache_dir=False)
-    order, offsets = order_from_assignment(assignment, 16)
-    return write_store(tiny_data, tmp_path_factory.mktemp("parted") / "tiny16", order=order,
-                       part_offsets=offsets, partitioner="fennel", progress=False)
+
+def test_runs_cover_the_registry():
+    assert {kw.get("policy", name) for name, kw in RUNS.items()} == set(POLICIES)
 
 
 def _cfg(store, tmp_path, **kw):
-    kw = {"epochs": 1, "batch_size": 128, "max_eval_nodes": 100, "progress": False,
+    kw = {"epochs": 2, "batch_size": 128, "max_eval_nodes": 100, "progress": False,
           "out": str(tmp_path / kw.get("policy", "run")), "memory_budget": "64MB", **kw}
-    return TrainConfig(store=str(store.path), **kw)
+    return TrainConfig.create(store=str(store.path), **kw)
 
 
 def _simulated(store, cfg):
-    policy = make_policy(store, cfg)
-    feature_cache = policy.static_ids if cfg.policy == "outre" else None
-    df = simulate(store, policy.schedule, cfg.fanout_list, epochs=cfg.epochs, seed=cfg.seed,
-                  feature_cache=feature_cache, progress=False)
-    policy.close()
-    return summarize(df).sum()
+    """(per-epoch sums, setup loads) of simulating the run's plan."""
+    df = simulate(store, make_plan(store, cfg), epochs=cfg.epochs, progress=False)
+    return summarize(df).sum(), df.attrs["setup"]
 
 
-@pytest.mark.parametrize("policy, kw", [
-    ("hierbatching", {"parts_per_megabatch": 4, "static_ratio": 0.02, "passes": 2.0}),
-    ("hierbatching", {"parts_per_megabatch": 3, "static_ratio": 0.0, "passes": 1.5, "pipeline": False}),
-    ("outre", {"parts_per_macro": 4, "history_ratio": 0.0, "memory_budget": "1MB"}),
-    ("outre", {"parts_per_macro": 4, "history_ratio": 0.0, "memory_budget": "200KB", "epochs": 2}),
-])
-def test_executed_io_equals_simulated(parted, tmp_path, policy, kw):
-    """For the same seed, the bytes, pages and requests read equal the simulator's prediction."""
-    cfg = _cfg(parted, tmp_path, policy=policy, **kw)
-    run = train(cfg)
-    executed = run["io"]
-    sim = _simulated(parted, cfg)
+def _assert_agree(run, sim, setup, exact):
+    """Executed training and setup reads against the simulation of the same plan."""
     pages = sim["feature_pages_read"] + sim["load_feature_pages"]
     requests = sim["feature_requests"] + sim["load_feature_requests"]
-    assert executed["pages"] == pages and executed["bytes_read"] == pages * 4096
-    assert executed["requests"] == requests
-    if policy == "hierbatching":
-        assert sim["feature_pages_read"] == 0, "every sampled node is resident in a mega-batch"
-        assert executed["rows"] == sim["load_feature_rows"]
-    else:
-        assert executed["unique_rows"] == sim["feature_rows_read"]
+    if not exact:                                     # the page cache only saves reads
+        assert 0 < run["io"]["pages"] <= pages
+        return
+    assert run["io"]["pages"] == pages and run["io"]["bytes_read"] == pages * 4096
+    assert run["io"]["requests"] == requests
+    assert run["io_setup"]["pages"] == setup["load_feature_pages"]
+    assert run["io_setup"]["requests"] == setup["load_feature_requests"]
+    assert run["io_setup"]["rows"] == setup["load_feature_rows"]
+    assert run["history_hits"] == sim.get("history_hits", 0)
+
+
+@pytest.mark.parametrize("name", RUNS)
+def test_executed_io_equals_simulated(fennel16, tmp_path, name):
+    """For the same seed, the pages, bytes and requests read (in training and in setup) and the
+    history hits equal the simulation of the same plan; per-step reads add up to the run's."""
+    cfg = _cfg(fennel16, tmp_path, **{"policy": name, **RUNS[name]})
+    run = train(cfg)
+    _assert_agree(run, *_simulated(fennel16, cfg), make_plan(fennel16, cfg).exact_io)
     per_step = pd.read_csv(f"{run['run_dir']}/steps.csv")
     assert len(per_step) == run["steps"]
-    if policy == "outre":                             # every read happens inside a step
-        assert per_step["pages"].sum() == executed["pages"]
-    else:                                             # background loads may finish between steps
-        assert per_step["pages"].sum() <= executed["pages"]
+    assert per_step["pages"].sum() <= run["io"]["pages"], "background loads may finish between steps"
 
 
-def test_background_loads_during_evaluation_still_count(parted, tmp_path, monkeypatch):
+@pytest.mark.parametrize("name", RUNS)
+def test_memory_comes_from_the_plan(fennel16, tmp_path, name):
+    """What the plan declares resident is what the runtime allocates, before anything is read."""
+    cfg = _cfg(fennel16, tmp_path, **{"policy": name, **RUNS[name]})
+    plan = make_plan(fennel16, cfg)
+    declared = plan.memory()
+    runtime = Runtime(fennel16, plan, Sampler(fennel16.graph(), plan.fanouts, plan.seed))
+    assert runtime.memory() == declared
+    assert runtime.io().calls == 0, "building the runtime reads no features"
+    runtime.close()
+
+
+def test_background_loads_during_evaluation_still_count(fennel16, tmp_path, monkeypatch):
     """Evaluating while the next mega-batch loads: its reads belong to training, not to evaluation."""
     import time
-    from oocgnn import policies
-    read = policies._GroupLoader._read
+    from oocgnn import runtime
+    read = runtime.RangeLoader._read
 
     def slow_read(self, step, half):
         time.sleep(0.05)                              # still loading when the evaluation starts
         return read(self, step, half)
 
-    monkeypatch.setattr(policies._GroupLoader, "_read", slow_read)
-    cfg = _cfg(parted, tmp_path, policy="hierbatching", parts_per_megabatch=4, static_ratio=0.02,
-               epochs=2, eval_every=1)
-    sim = _simulated(parted, cfg)
+    monkeypatch.setattr(runtime.RangeLoader, "_read", slow_read)
+    cfg = _cfg(fennel16, tmp_path, policy="hierbatching", parts_per_megabatch=4, static_ratio=0.02, eval_every=1)
+    sim, _ = _simulated(fennel16, cfg)
     assert train(cfg)["io"]["pages"] == sim["feature_pages_read"] + sim["load_feature_pages"]
 
 
-def test_pipelining_changes_time_not_training(parted, tmp_path):
-    a = train(_cfg(parted, tmp_path / "a", policy="hierbatching", parts_per_megabatch=4, pipeline=True))
-    b = train(_cfg(parted, tmp_path / "b", policy="hierbatching", parts_per_megabatch=4, pipeline=False))
+def test_pipelining_changes_time_not_training(fennel16, tmp_path):
+    a = train(_cfg(fennel16, tmp_path / "a", policy="hierbatching", parts_per_megabatch=4, pipeline=True))
+    b = train(_cfg(fennel16, tmp_path / "b", policy="hierbatching", parts_per_megabatch=4, pipeline=False))
     np.testing.assert_array_equal(a["log"]["train_loss"], b["log"]["train_loss"])
     assert a["io"]["pages"] == b["io"]["pages"]
     assert a["memory"]["feature_rows"] > b["memory"]["feature_rows"], "two buffers instead of one"
 
 
-def test_hierbatching_with_all_static_and_one_part_per_group_equals_full_batches(parted, tmp_path):
-    """With r_s = 1 every node is visible to every mega-batch: sampling sees the full graph."""
-    s = train(_cfg(parted, tmp_path, policy="hierbatching", parts_per_megabatch=16, static_ratio=1.0,
-                   static_scope="all", passes=1.0, epochs=2))
-    assert s["io"]["pages"] > 0 and s["final_val_acc"] > 0.3
+def test_hierbatching_with_every_node_static_samples_the_full_graph(fennel16, tmp_path):
+    """With r_s = 1 and scope all, every node is visible to every mega-batch: each batch's sample is
+    the one of the same seeds on the whole graph, and training reads only the one mega-batch's load."""
+    cfg = _cfg(fennel16, tmp_path, policy="hierbatching", parts_per_megabatch=16, static_ratio=1.0,
+               static_scope="all", passes=1.0, epochs=1)
+    plan = make_plan(fennel16, cfg)
+    sampler = Sampler(fennel16.graph(), plan.fanouts, plan.seed)
+    steps = list(plan.steps(1))
+    assert steps and all(len(s.visible) == fennel16.num_nodes for _, _, s in steps)
+    for e, b, s in steps:
+        inside, whole = sampler.sample(s.seeds, e, b, s.visible), sampler.sample(s.seeds, e, b)
+        np.testing.assert_array_equal(inside.input_nodes, whole.input_nodes)
+        for x, y in zip(inside.blocks, whole.blocks):
+            np.testing.assert_array_equal(x.edges()[0].numpy(), y.edges()[0].numpy())
+    run = train(cfg)
+    assert run["io_setup"]["rows"] == run["io"]["rows"] == fennel16.num_nodes
+    assert run["io"]["calls"] == 1, "the 16 adjacent parts are one range read; no batch reads a row"
 
 
-def test_budget_is_enforced_by_accounting(parted, tmp_path):
+def test_budget_is_enforced_by_accounting(fennel16, tmp_path):
     with pytest.raises(UserError, match="needs .* resident .* but --memory-budget is"):
-        make_policy(parted, _cfg(parted, tmp_path, policy="hierbatching", parts_per_megabatch=8,
+        make_plan(fennel16, _cfg(fennel16, tmp_path, policy="hierbatching", parts_per_megabatch=8,
                                  memory_budget="100KB"))
 
 
 def test_unpartitioned_store_is_refused(tiny_store, tmp_path):
     for policy in ("hierbatching", "outre"):
         with pytest.raises(UserError, match="partitioned store"):
-            make_policy(tiny_store, _cfg(tiny_store, tmp_path, policy=policy))
+            make_plan(tiny_store, _cfg(tiny_store, tmp_path, policy=policy))
 
 
-def test_outre_history_reuses_and_saves_reads(parted, tmp_path):
-    kw = {"policy": "outre", "parts_per_macro": 4, "memory_budget": "1MB", "epochs": 2, "history_ratio": 0.2}
-    fresh = train(_cfg(parted, tmp_path / "b", staleness=1000, **kw))
-    never = train(_cfg(parted, tmp_path / "c", staleness=1, **kw))
+def test_outre_history_reuses_and_saves_reads(fennel16, tmp_path):
+    kw = {"policy": "outre", "parts_per_macro": 4, "memory_budget": "1MB", "history_ratio": 0.2}
+    fresh = train(_cfg(fennel16, tmp_path / "b", staleness=1000, **kw))
+    never = train(_cfg(fennel16, tmp_path / "c", staleness=1, **kw))
     assert never["history_hits"] == 0 and fresh["history_hits"] > 0, "staleness 1 disables reuse"
     assert fresh["io"]["rows"] < never["io"]["rows"], "skipped sub-trees are not read"
     assert fresh["memory"]["history"] == never["memory"]["history"] > 0
@@ -122,35 +149,31 @@ def test_outre_history_reuses_and_saves_reads(parted, tmp_path):
 
 @pytest.mark.slow
 def test_executed_io_equals_simulated_on_small(tmp_path):
-    """The same agreement on the 200K-node graph, for both out-of-core policies."""
+    """The same agreement on the 200K-node graph, for both out-of-core policies (histories included)."""
     from oocgnn.partition import partitioned_store
     from oocgnn.synthetic import generate
     store = partitioned_store(generate("small"), tmp_path / "small", "fennel", 128, cache_dir=False)
     for policy, kw in (("hierbatching", {"parts_per_megabatch": 16}),
-                       ("outre", {"history_ratio": 0.0, "memory_budget": "20MB"})):
-        cfg = _cfg(store, tmp_path, policy=policy, batch_size=1024, **kw)
-        executed, sim = train(cfg)["io"], _simulated(store, cfg)
-        assert executed["pages"] == sim["feature_pages_read"] + sim["load_feature_pages"]
-        assert executed["requests"] == sim["feature_requests"] + sim["load_feature_requests"]
+                       ("outre", {"history_ratio": 0.05, "memory_budget": "20MB", "staleness": 50})):
+        cfg = _cfg(store, tmp_path, policy=policy, batch_size=1024, epochs=1, **kw)
+        _assert_agree(train(cfg), *_simulated(store, cfg), exact=True)
 
 
-def test_hb_minus_scattered_loads_agree_with_simulation(tiny_store, parted, tmp_path):
+def test_hb_minus_scattered_loads_agree_with_simulation(tiny_store, fennel16, tmp_path):
     """HB−: the same FENNEL mega-batches on the unpartitioned store are row gathers, not range reads."""
     kw = {"policy": "hierbatching", "parts_per_megabatch": 4, "passes": 1.0, "static_ratio": 0.0}
     minus = _cfg(tiny_store, tmp_path / "minus", regroup="fennel:16", **kw)
-    executed, sim = train(minus)["io"], _simulated(tiny_store, minus)
-    assert executed["pages"] == sim["load_feature_pages"] and sim["feature_pages_read"] == 0
-    assert executed["requests"] == sim["load_feature_requests"]
-    seq = train(_cfg(parted, tmp_path / "seq", **kw))["io"]
-    assert executed["rows"] == seq["rows"], "the same rows are loaded"
-    assert executed["requests"] > 3 * seq["requests"], "but scattered: many more requests"
+    run = train(minus)
+    sim, setup = _simulated(tiny_store, minus)
+    _assert_agree(run, sim, setup, exact=True)
+    assert sim["feature_pages_read"] == 0
+    seq = train(_cfg(fennel16, tmp_path / "seq", **kw))["io"]
+    assert run["io"]["rows"] == seq["rows"], "the same rows are loaded"
+    assert run["io"]["requests"] > 3 * seq["requests"], "but scattered: many more requests"
 
 
-def test_memory_account_counts_the_sampling_graph(parted, tmp_path):
-    """The topology a policy reports is what the sampler holds: DGL's int64 CSC, not indices.bin."""
-    policy = make_policy(parted, _cfg(parted, tmp_path, policy="hierbatching", parts_per_megabatch=4))
-    indptr, indices, _ = parted.graph().adj_tensors("csc")
-    assert policy.memory()["topology"] == indptr.numel() * indptr.element_size() + indices.numel() * 8
-    index_bytes = np.dtype(parted.meta["index_dtype"]).itemsize * parted.num_edges
-    assert policy.rule()["B"] == parted.indptr.nbytes + index_bytes, "App. B's B: the stored topology"
-    policy.close()
+def test_hierbatching_rule_uses_the_stored_topology(fennel16, tmp_path):
+    """App. B's B is indptr + indices as stored (int32 here), not the sampler's int64 copy."""
+    plan = make_plan(fennel16, _cfg(fennel16, tmp_path, policy="hierbatching", parts_per_megabatch=4))
+    index_bytes = np.dtype(fennel16.meta["index_dtype"]).itemsize * fennel16.num_edges
+    assert plan.rule()["B"] == fennel16.indptr.nbytes + index_bytes

@@ -16,17 +16,6 @@ SCHEDULES = {"random": {"batch_size": 64}, "partition": {"batch_size": 64, "n_pe
              "megabatch": {"batch_size": 64, "parts_per_megabatch": 4, "static_ratio": 0.01}}
 
 
-@pytest.fixture(scope="module")
-def parted(tiny_data, tmp_path_factory):
-    """The tiny graph in a random store order, cut into 13 uneven parts."""
-    from oocgnn.store import write_store
-    n = tiny_data.num_nodes
-    cuts = np.sort(np.random.default_rng(8).choice(np.arange(1, n), 12, replace=False))
-    return write_store(tiny_data, tmp_path_factory.mktemp("macro") / "parted",
-                       order=np.random.default_rng(7).permutation(n),
-                       part_offsets=np.concatenate([[0], cuts, [n]]), progress=False)
-
-
 def _subgraph(blocks):
     """Everything a batch trains on: per block the global src/dst ids and the local edges."""
     return [(b.srcdata[dgl.NID].numpy(), b.dstdata[dgl.NID].numpy(), *(t.numpy() for t in b.edges()))

@@ -13,17 +13,6 @@ PARAMS = {"random": {"batch_size": 64},
 
 
 @pytest.fixture(scope="module")
-def parted(tiny_data, tmp_path_factory):
-    """The tiny graph in a random store order, cut into 13 uneven parts (no partitioner needed)."""
-    from oocgnn.store import write_store
-    n = tiny_data.num_nodes
-    order = np.random.default_rng(7).permutation(n)
-    cuts = np.sort(np.random.default_rng(8).choice(np.arange(1, n), 12, replace=False))
-    return write_store(tiny_data, tmp_path_factory.mktemp("sched") / "parted", order=order,
-                       part_offsets=np.concatenate([[0], cuts, [n]]), progress=False)
-
-
-@pytest.fixture(scope="module")
 def graph(parted):
     return parted.graph()
 
@@ -118,13 +107,12 @@ def test_megabatch_static_cache_and_visible(parted, scope):
     k = int(0.02 * parted.num_nodes)
     static = sch.static_ids
     assert len(static) == k and deg[static].min() >= np.sort(deg)[-k]
+    setup = sch.setup()                       # the static cache: features and adjacency, all run
+    np.testing.assert_array_equal(setup.enter_ids, static)
+    assert set(setup.data) == {"features", "adjacency"} and not setup.enter_ranges and not len(setup.seeds)
     for epoch in (0, 1):
         steps = list(sch.epoch(epoch))
-        entered = [s for s in steps if len(s.enter_ids)]
-        assert [s is steps[0] for s in entered] == ([True] if epoch == 0 else [])
-        if epoch == 0:
-            np.testing.assert_array_equal(entered[0].enter_ids, static)
-        assert all(len(s.leave_ids) == 0 for s in steps)
+        assert all(len(s.enter_ids) == 0 and len(s.leave_ids) == 0 for s in steps), "static ids never move"
         for s in steps:
             if not s.enter_ranges:
                 continue

@@ -25,7 +25,18 @@ def test_unknown_knob_is_a_user_error(tiny_store, tmp_path):
         sweep(_base(tiny_store), "warp_factor", [1, 2], out_root=tmp_path)
 
 
-def test_widget_builds_headless(tiny_store):
+def test_widget_runs_the_sweep_it_shows(tiny_store, tmp_path):
+    """Pressing Run sweep trains the policy and values the form shows, and draws one line per value."""
+    import matplotlib
+    matplotlib.use("Agg")
     from oocgnn.widgets import sweep_widget
-    box = sweep_widget(_base(tiny_store), {"static_ratio": [0.0, 0.01], "passes": [1, 2]})
-    assert box.children and len(box.children) == 3
+    box = sweep_widget(_base(tiny_store), {"hidden": [8, 16], "dropout": [0.0]}, out_root=tmp_path)
+    (policy, knob, values), (epochs, run), _ = (c.children if hasattr(c, "children") else c for c in box.children)
+    assert knob.value == "hidden" and values.value == "8, 16"
+    knob.value = "dropout"
+    assert values.value == "0.0", "choosing a knob shows its values"
+    knob.value, values.value, epochs.value = "hidden", "8, 12", 1
+    run.click()
+    logs, summary, fig = box.result
+    assert list(summary["hidden"]) == [8, 12] and (summary["policy"] == policy.value).all()
+    assert len(fig.axes[0].lines) == 2 and sorted(logs["epoch"].unique()) == [0]

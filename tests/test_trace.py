@@ -121,17 +121,6 @@ def test_synthetic_trace_is_seeded_and_skewed():
     assert not np.array_equal(a.ids, synthetic_trace(1000, 20, 50, alpha=1.0, seed=4).ids)
 
 
-@pytest.fixture(scope="module")
-def parted(tiny_data, tmp_path_factory):
-    """The tiny graph in a random store order, cut into 13 uneven parts (no partitioner needed)."""
-    from oocgnn.store import write_store
-    n = tiny_data.num_nodes
-    cuts = np.sort(np.random.default_rng(8).choice(np.arange(1, n), 12, replace=False))
-    return write_store(tiny_data, tmp_path_factory.mktemp("trace") / "parted",
-                       order=np.random.default_rng(7).permutation(n),
-                       part_offsets=np.concatenate([[0], cuts, [n]]), progress=False)
-
-
 RECORDED = {"random": {"batch_size": 64}, "partition": {"batch_size": 64, "n_per_macro": 3},
             "megabatch": {"batch_size": 64, "parts_per_megabatch": 4, "static_ratio": 0.01}}
 

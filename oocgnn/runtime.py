@@ -1,0 +1,233 @@
+"""The executor's runtime: a plan's steps done for real.
+
+`Runtime(store, plan, sampler)` holds what the plan declares resident, as a `CachedReader` over
+the store's direct reader, and interprets the plan's steps: the setup rows are read before the
+run; entering ranges are loaded by a loader into one of two buffers, in a background thread while
+training runs on the other when the plan pipelines (HierBatching §3.3), and the loader also builds
+the subgraph that sampling inside them needs; scattered ranges (HB−) are one coalesced gather.
+Plans that read through the OS page cache run under `PageCacheCap`; the others bound their own
+resident bytes (`OwnBudget`). The history stage (`oocgnn.history`) decides which input rows a
+batch needs and finishes its forward pass. Adjacency moves need nothing here yet: the sampler's
+topology is resident for every plan (`Plan.memory()["topology"]`).
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from .errors import UserError
+from .history import HistoryCache, NoHistory
+from .io import IOStats, drop_file_cache, range_chunks
+from .memcap import MemoryCap
+from .resident import CachedReader
+from .sampler import induced_csc
+from .schedules import _ids_of_ranges
+
+
+class OwnBudget:
+    """The plan bounds its own resident arrays (checked by `Plan.check_budget`): no cgroup."""
+
+    def __init__(self, runtime):
+        self.name = runtime.plan.name
+
+    def context(self):
+        return contextlib.nullcontext(None)
+
+    def end_warmup(self):
+        pass
+
+    def record(self) -> dict:
+        return {"enforced": False, "reason": f"{self.name} bounds its own resident arrays (no cgroup)"}
+
+
+class PageCacheCap:
+    """Reads through np.memmap (MADV_RANDOM): the OS page cache is the only cache.
+
+    Honest only under an enforced limit. A memory cgroup counts the process's new allocations
+    as well as the page cache, so the run is capped at `budget + 1.25 W + 16 MiB`, where W is
+    the working memory of sampling, training and evaluation, measured in the same cgroup during
+    the warm-up steps while features are read with O_DIRECT (no page cache). What is left for
+    caching feature pages during a step is then about the budget.
+    """
+    unlimited = 1 << 50
+
+    def __init__(self, runtime):
+        self.runtime, self.cap, self.working_set = runtime, None, None
+
+    def context(self):
+        drop_file_cache(self.runtime.store.features_path)
+        self.cap = MemoryCap(self.unlimited)
+        return self.cap
+
+    def end_warmup(self):
+        """Cap at budget + measured working set, then switch to the mmap reader."""
+        budget = self.runtime.plan.budget
+        self.working_set = self.cap.peak() if self.cap and self.cap.enforced else None
+        if self.working_set is not None:
+            self.cap.set_limit(budget + int(1.25 * self.working_set) + (16 << 20))
+            self.cap.reset_peak()
+        self.runtime.switch_reader(self.runtime.store.reader("mmap"))
+
+    def record(self) -> dict:
+        if self.cap is None:
+            return {"enforced": False, "reason": "the run ended before its warm-up"}
+        return {**self.cap.record(), "budget": self.runtime.plan.budget, "working_set": self.working_set}
+
+
+class RangeLoader:
+    """Loads a step's entering ranges into one of two buffers, in a background thread if pipelined,
+    and builds the subgraph they induce for sampling (the loader prepares both, HierBatching §3.3)."""
+
+    def __init__(self, runtime, base, capacity, pipeline):
+        self.runtime, self.base, self.capacity, self.pipeline = runtime, base, capacity, pipeline
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="oocgnn-load") if pipeline else None
+        self.pending = None                           # (step, future)
+        self.buffer = 0                               # which half holds the current group
+
+    def _read(self, step, half):
+        """Read `step`'s rows into buffer `half`; returns (seconds reading, induced CSC or None)."""
+        t = time.perf_counter()
+        rt = self.runtime
+        base, reader, rows = self.base + half * self.capacity, rt.cached.reader, rt.cached.rows
+        if step.scattered:                            # HB−: one coalesced gather of scattered rows
+            ids = _ids_of_ranges(step.enter_ranges)
+            rows[base:base + len(ids)] = _tensor(reader.read_rows(ids))
+        else:                                         # sequential reads, range by range
+            pos = base
+            for lo, hi in step.enter_ranges:
+                for a, b in range_chunks(lo, hi, rt.store.row_stride):
+                    rows[pos:pos + b - a] = _tensor(reader.read_range(a, b))
+                    pos += b - a
+        seconds, t = time.perf_counter() - t, time.perf_counter()
+        induced = induced_csc(rt.store.graph(), step.visible) if step.visible is not None else None
+        rt._time("subgraph", time.perf_counter() - t)
+        return seconds, induced
+
+    def load(self, step, next_step) -> int:
+        """Make `step`'s ranges resident (returns their first slot); start loading `next_step`'s."""
+        half = 1 - self.buffer if self.pipeline else 0
+        if self.pending is not None and self.pending[0] is step:
+            t = time.perf_counter()
+            seconds, induced = self.pending[1].result()
+            self.runtime._time("wait", time.perf_counter() - t)
+        else:
+            seconds, induced = self._read(step, half)
+        self.runtime._time("load", seconds)
+        if induced is not None:
+            self.runtime.sampler.prepare(step.visible, induced)
+        self.pending, self.buffer = None, half
+        if self.pipeline and next_step is not None:
+            self.pending = (next_step, self.pool.submit(self._read, next_step, 1 - half))
+        return self.base + half * self.capacity
+
+    def close(self):
+        if self.pool:
+            self.pool.shutdown(wait=True)
+
+
+def _tensor(a):
+    import torch
+    return torch.from_numpy(a)
+
+
+class Runtime:
+    """Resident rows, readers, loader, memory cap and history stage of one run of `plan`."""
+
+    def __init__(self, store, plan, sampler):
+        self.store, self.plan, self.sampler = store, plan, sampler
+        self.cached = CachedReader(store.reader("direct"), store.num_nodes, plan.capacity())
+        self.io_before_switch = IOStats()             # stats of readers replaced mid-run
+        self.timers = {}                              # background stages (the loader thread)
+        setup = plan.setup()
+        self._setup_ids = setup.enter_ids if setup is not None else np.empty(0, np.int64)
+        self.loader = RangeLoader(self, plan.setup_rows(), plan.group_rows(), plan.pipeline)
+        self.cap = PageCacheCap(self) if plan.reader == "mmap" else OwnBudget(self)
+        self.stage = HistoryCache.of(plan.history, store.num_nodes) if plan.history else NoHistory()
+        # evaluation reads outside the measured run; through the page cache, there is only one
+        self.eval_reader = store.reader("direct") if plan.reader == "direct" else None
+
+    def _time(self, stage, seconds):
+        self.timers[stage] = self.timers.get(stage, 0.0) + seconds
+
+    def memory(self) -> dict:
+        """Bytes the runtime really holds, by the plan's kinds (`Plan.memory()` predicts them)."""
+        indptr, indices, _ = self.store.graph().adj_tensors("csc")
+        out = {"feature_rows": self.cached.rows.numel() * 4, "slot_table": self.cached.slot.nbytes,
+               "topology": indptr.numel() * indptr.element_size() + indices.numel() * indices.element_size()}
+        if self.plan.history is not None:
+            out["history"] = self.stage.nbytes
+        return out
+
+    # -- the plan's steps --------------------------------------------------------------------
+    def setup(self):
+        """Load what the plan keeps resident all run (before the first step)."""
+        step = self.plan.setup()
+        if step is None or "features" not in step.data:
+            return
+        if len(step.enter_ids):
+            self.cached.place(step.enter_ids, 0, self.cached.reader.read_rows(step.enter_ids))
+        pos = len(step.enter_ids)
+        for lo, hi in step.enter_ranges:
+            for a, b in range_chunks(lo, hi, self.store.row_stride):
+                self.cached.place(np.arange(a, b), pos, self.cached.reader.read_range(a, b))
+                pos += b - a
+
+    def before(self, step, next_load):
+        """Apply the step's residency change before its batch is sampled; `next_load` (the next step
+        that loads ranges, or None) starts loading in the background when the plan pipelines."""
+        if len(step.enter_ids) or len(step.leave_ids):
+            raise UserError("plans declare scattered resident rows in setup(); steps move ranges")
+        if step.enter_ranges and "features" in step.data:
+            for lo, hi in step.leave_ranges:
+                self.cached.drop(np.arange(lo, hi))
+            base = self.loader.load(step, next_load)
+            self.cached.point(_ids_of_ranges(step.enter_ranges), base)
+            self.cached.point(self._setup_ids, 0)     # setup rows keep their slots
+
+    def gather(self, ids):
+        """Feature rows of `ids` for training (resident from RAM, the rest read)."""
+        return self.cached.gather(ids)
+
+    def eval_rows(self, ids):
+        """Feature rows for evaluation: resident from RAM, the rest through the evaluation reader."""
+        return self.cached.gather(ids, self.eval_reader)
+
+    # -- the history stage ---------------------------------------------------------------------
+    def inputs(self, sample, t):
+        """(x, what `forward` needs): the input rows the batch uses (a history plan prunes them)."""
+        return self.stage.inputs(sample, t, self.gather)
+
+    def forward(self, model, ctx, x, t):
+        return self.stage.forward(model, ctx, x, t)
+
+    # -- readers and the memory cap ------------------------------------------------------------
+    def io(self) -> IOStats:
+        """Everything the run's readers read so far (a reader replaced mid-run included)."""
+        return self.io_before_switch + self.cached.stats
+
+    def switch_reader(self, reader):
+        self.io_before_switch += self.cached.reader.stats
+        self.cached.reader.close()
+        self.cached.reader = reader
+
+    def memory_cap(self):
+        return self.cap.context()
+
+    def end_warmup(self):
+        self.cap.end_warmup()
+
+    def cap_record(self) -> dict:
+        return self.cap.record()
+
+    @property
+    def history_hits(self) -> int:
+        return self.stage.stats["hits"]
+
+    def close(self):
+        self.loader.close()
+        if self.eval_reader is not None:
+            self.eval_reader.close()
+        self.cached.reader.close()
