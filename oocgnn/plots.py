@@ -51,12 +51,16 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def setup_notebook(seed: int = 0):
-    """The one setup call of every notebook: seeds, plot style, paths independent of the cwd."""
+    """The one setup call of every notebook: seeds, plot style, table display (3 decimals, wide tables),
+    paths independent of the cwd."""
     import matplotlib.pyplot as plt
     import numpy as np
     import torch
     np.random.seed(seed)
     torch.manual_seed(seed)
+    for option, value in {"display.precision": 3, "display.width": 200, "display.max_colwidth": 90,
+                          "display.max_columns": 30}.items():
+        pd.set_option(option, value)
     plt.rcParams.update({"figure.figsize": (6.4, 4.0), "figure.dpi": 100, "axes.grid": True,
                          "grid.alpha": 0.3, "axes.spines.top": False, "axes.spines.right": False})
     from types import SimpleNamespace
@@ -76,8 +80,10 @@ def savefig(fig, name: str):
     save_figure(fig, figures_dir() / f"{name}.png")
 
 
-def plot_sweep(logs: pd.DataFrame, summary: pd.DataFrame, param: str, metric="val_acc"):
-    """Two panels: accuracy against training time per value of `param`, and final accuracy vs `param`."""
+def plot_sweep(logs: pd.DataFrame, summary: pd.DataFrame, param: str, metric="val_acc", zoom=0.02):
+    """Two panels: accuracy against training time per value of `param`, and final accuracy vs `param`.
+    `zoom`: the time-to-accuracy axis starts this far below the first evaluation after t = 0 (every
+    run starts near chance at t = 0); None shows it all."""
     import matplotlib.pyplot as plt
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
     for value, log in logs.groupby(param, sort=True):
@@ -87,6 +93,8 @@ def plot_sweep(logs: pd.DataFrame, summary: pd.DataFrame, param: str, metric="va
     a.set_ylabel(metric.replace("_", " "))
     a.set_title("time to accuracy")
     a.legend(fontsize=8)
+    if zoom is not None and (logs["step"] > 0).any():
+        a.set_ylim(logs.loc[logs["step"] > 0, metric].min() - zoom, None)
     agg = summary.groupby(param)["test_at_best_val"].agg(["mean", "std"]).reset_index()
     b.errorbar(agg[param].astype(str), agg["mean"], yerr=agg["std"].fillna(0), marker="o", capsize=3)
     b.set_xlabel(param)
