@@ -1,7 +1,12 @@
 """oocgnn: a workbench for out-of-core GNN training on one machine.
 
-Modules, in data-flow order: datasets/synthetic (sources) -> store (on-disk format) ->
-io (readers) -> train (policies, executor, run logs) -> plots; cli is the `oocgnn` command.
+Modules, in data-flow order: datasets, synthetic (sources) -> partition, staticcache -> store (the
+on-disk format) -> io, direct, readers (readers and their I/O accounting), memcap -> schedules,
+policies (a policy is a plan: steps that say what enters and leaves memory), sampler (the sampler
+and the one walk every consumer shares) -> simulate, redundancy, trace, cache, belady, macrobatch,
+topology (exact I/O and cache replays without reading data) -> runtime, resident, history, models,
+train (the executor: the same plan for real) -> sweep, plots, widgets. config holds the settings,
+cli is the `oocgnn` command.
 """
 import os as _os
 import warnings as _warnings
