@@ -47,6 +47,10 @@ class TrainConfig:
     lr: float = setting(3e-3, "Adam learning rate")
     dropout: float = setting(0.5, "dropout between layers")
     memory_budget: str = setting("256MB", "bytes the policy may keep resident, e.g. 256MB, 1GiB")
+    topology: str = setting("auto", "where the neighbour lists live: memory | disk (read when sampled, "
+                                    "through what the policy keeps resident) | auto (memory if it fits the budget)")
+    neighbour_cache_ratio: float = setting(0.1, "share of the budget for a static cache of neighbour lists on a "
+                                                "disk topology (outre ranks lists by cross-partition degree)")
     eval_every: int = setting(0, "evaluate every N steps (0: at the end of each epoch)")
     eval_fanouts: str = setting("", "fanouts of evaluation (default: the training fanouts)")
     eval_batch_size: int = setting(1024, "evaluation batch size")
@@ -85,6 +89,10 @@ class TrainConfig:
         if self.eval_every < 0 or self.max_eval_nodes < 0 or self.threads < 0 or self.max_steps < 0:
             raise UserError("eval_every, max_eval_nodes, max_steps and threads must be >= 0")
         self.memory_budget_bytes = parse_size(self.memory_budget)
+        if self.topology not in ("auto", "memory", "disk"):
+            raise UserError(f"topology must be auto, memory or disk, got {self.topology!r}")
+        if not 0 <= self.neighbour_cache_ratio <= 1:
+            raise UserError(f"neighbour_cache_ratio is a fraction in [0, 1], got {self.neighbour_cache_ratio}")
         if self.policy == "outre" and self.outre.history_ratio > 0 and self.model == "mlp":
             raise UserError("historical embeddings need a GNN (the MLP has no layer L-1 inputs)")
 

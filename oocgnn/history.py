@@ -37,18 +37,17 @@ def history_prune(blocks, history_mask):
     also drawn as a neighbour deeper down (NEEDED), its lower-layer embedding is needed and it
     is expanded there. R_1 = hop-1 nodes minus skipped, then R_{h+1} = R_h ∪ sampled nbrs(R_h).
     """
-    import dgl
     if len(blocks) < 2:
         raise UserError("history reuse needs at least 2 layers (it caches h^(L-1))")
     last = blocks[-1]
-    skipped = history_mask[last.srcdata[dgl.NID].numpy()]
-    skipped[:last.num_dst_nodes()] = False         # seeds are computed exactly
+    skipped = history_mask[last.src_nodes]
+    skipped[:last.num_dst] = False                 # seeds are computed exactly
     need = ~skipped
     for b in reversed(blocks[:-1]):                # hop 1, 2, ..., L-1
         expanded = need
-        src, dst = (t.numpy() for t in b.edges())
-        need = np.zeros(b.num_src_nodes(), dtype=bool)
-        need[:b.num_dst_nodes()] = expanded        # dst nodes come first among the sources
+        src, dst = b.edges()
+        need = np.zeros(b.num_src, dtype=bool)
+        need[:b.num_dst] = expanded                # dst nodes come first among the sources
         need[src[expanded[dst]]] = True
     return need, expanded, skipped
 
@@ -86,19 +85,18 @@ class HistoryStamps:
 
     def plan(self, blocks, t: int, prune=True) -> "HistoryPlan":
         """SKIP/PUSH decisions of one sampled batch at iteration t (and its pruned blocks if `prune`)."""
-        import dgl
         fresh = self.fresh_mask(t)
         need, expanded, skipped = history_prune(blocks, fresh)
         pruned = None
         if prune:   # per-level expansion: history_prune on the suffix blocks[i:] yields blocks[i]'s expanded dst
             pruned = [_prune(b, history_prune(blocks[i:], fresh)[1]) for i, b in enumerate(blocks[:-1])]
             pruned.append(blocks[-1])
-        hop1 = blocks[-1].srcdata[dgl.NID].numpy()
+        hop1 = blocks[-1].src_nodes
         slots = self.slot[hop1].astype(np.int64)
         push = (slots >= 0) & ~fresh[hop1]
         return HistoryPlan(t=int(t), need=need, expanded=expanded, skipped=skipped, push=push,
                            skip_slots=slots[skipped], push_slots=slots[push],
-                           input_ids=blocks[0].srcdata[dgl.NID].numpy()[need], pruned_blocks=pruned)
+                           input_ids=blocks[0].src_nodes[need], pruned_blocks=pruned)
 
     def mark(self, plan: "HistoryPlan"):
         """Stamp the plan's pushes (what computing the batch does), counting its hits."""
@@ -167,16 +165,12 @@ class NoHistory:
 
 def _prune(block, keep_dst: np.ndarray):
     """A copy of `block` keeping only the edges into dst nodes with keep_dst (same node sets)."""
-    import dgl
-    src, dst = block.edges()
-    keep = torch.from_numpy(keep_dst).to(dst.device)[dst]
-    out = dgl.create_block((src[keep], dst[keep]), num_src_nodes=block.num_src_nodes(),
-                           num_dst_nodes=block.num_dst_nodes(), device=block.device)
-    out.srcdata[dgl.NID] = block.srcdata[dgl.NID]
-    out.dstdata[dgl.NID] = block.dstdata[dgl.NID]
-    if dgl.EID in block.edata:
-        out.edata[dgl.EID] = block.edata[dgl.EID][keep]
-    return out
+    from .blocks import Block
+    deg = np.where(keep_dst, np.diff(block.indptr), 0)
+    indptr = np.zeros(block.num_dst + 1, np.int64)
+    np.cumsum(deg, out=indptr[1:])
+    keep = np.repeat(keep_dst, np.diff(block.indptr))
+    return Block(indptr, block.indices[keep], block.src_nodes, block.num_dst)
 
 
 @dataclass

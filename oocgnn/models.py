@@ -1,8 +1,9 @@
-"""GNN models on DGL blocks (message-flow graphs): GraphSAGE, GAT, GIN, and an MLP control.
+"""GNN models on blocks (message-flow graphs, `oocgnn.blocks.Block`): GraphSAGE, GAT, GIN, and an
+MLP control. The layers are DGL's modules, fed each block's `to_dgl()`.
 
 Every model takes `(blocks, x)` where `x` holds the input rows of `blocks[0]` and returns
-logits for the destination nodes of `blocks[-1]` (the seeds). DGL puts a block's
-destination nodes first among its sources, which is what `h[:block.num_dst_nodes()]` uses.
+logits for the destination nodes of `blocks[-1]` (the seeds). A block's destination nodes come
+first among its sources, which is what `h[:block.num_dst]` uses.
 
 `forward` is a loop over `layer(i, block, h)`, so an executor can stop before the last layer,
 replace some of its input rows (OUTRE's historical embeddings of layer L−1) and finish.
@@ -40,7 +41,7 @@ class SAGE(BlockModel):
         self.dropout = nn.Dropout(dropout)
 
     def layer(self, i, block, h):
-        h = self.layers[i](block, (h, h[:block.num_dst_nodes()]))
+        h = self.layers[i](block.to_dgl(), (h, h[:block.num_dst]))
         return self.dropout(F.relu(h)) if i < len(self.layers) - 1 else h
 
 
@@ -64,7 +65,7 @@ class GAT(BlockModel):
         self.dropout = nn.Dropout(dropout)
 
     def layer(self, i, block, h):
-        h = self.layers[i](block, (h, h[:block.num_dst_nodes()]))
+        h = self.layers[i](block.to_dgl(), (h, h[:block.num_dst]))
         return self.dropout(F.elu(h.flatten(1))) if i < len(self.layers) - 1 else h.mean(1)
 
 
@@ -83,7 +84,7 @@ class GIN(BlockModel):
         self.dropout = nn.Dropout(dropout)
 
     def layer(self, i, block, h):
-        h = self.dropout(F.relu(self.norms[i](self.layers[i](block, (h, h[:block.num_dst_nodes()])))))
+        h = self.dropout(F.relu(self.norms[i](self.layers[i](block.to_dgl(), (h, h[:block.num_dst])))))
         return self.head(h) if i == len(self.layers) - 1 else h
 
 
@@ -97,7 +98,7 @@ class MLP(nn.Module):
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, blocks, x):
-        h = x[:blocks[-1].num_dst_nodes()]
+        h = x[:blocks[-1].num_dst]
         for i, layer in enumerate(self.layers):
             h = layer(h)
             if i < len(self.layers) - 1:

@@ -20,7 +20,7 @@ registry `POLICIES` feeds the run configuration, the CLI, the widgets and the be
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Callable
 
@@ -60,7 +60,10 @@ class HistorySpec:
 class Plan:
     """A schedule walked with fanouts and a sampling seed; nothing resident but what its steps say.
 
-    Subclasses are the policies; `SchedulePlan` wraps a bare schedule for analyses (RR, traces)."""
+    The topology is resident whole ("memory": indptr and every list, loaded at setup) or on disk
+    ("disk": indptr, the lists the setup and the steps bring in, the rest read when sampled);
+    `cfg.topology` "auto" takes memory when the plan fits the budget with it. Subclasses are the
+    policies; `SchedulePlan` wraps a bare schedule for analyses (RR, traces)."""
     name = "schedule"
     source = ""              # the paper section it implements
     Options = None           # the policy's own options (a dataclass), or None
@@ -68,11 +71,20 @@ class Plan:
     budgeted = True          # the plan bounds its own resident bytes by the memory budget
     exact_io = True          # simulate(store, plan) predicts the executed reads exactly
     pipeline = False         # entering ranges load in the background, into the second of two buffers
+    induces = False          # sampling stays inside each step's visible set (a subgraph built per group)
 
     def __init__(self, store, cfg):
         self.store, self.cfg = store, cfg
         self.fanouts, self.seed, self.budget = cfg.fanout_list, cfg.seed, cfg.memory_budget_bytes
         self.history: HistorySpec | None = None
+        self.topology = "memory" if cfg.topology == "auto" else cfg.topology
+
+    def _choose_topology(self):
+        """`auto`: the whole topology in memory if the plan fits the budget so, else on disk."""
+        if self.cfg.topology == "auto":
+            self.topology = "memory"
+            if self.budgeted and self.resident_bytes() > self.budget:
+                self.topology = "disk"
 
     @cached_property
     def schedule(self) -> Schedule:
@@ -83,45 +95,79 @@ class Plan:
         return getattr(self.cfg, self.name)
 
     def steps(self, epochs):
-        """(epoch, batch index, Step) of `epochs` epochs, in order."""
-        return self.schedule.steps(epochs)
+        """(epoch, batch index, Step) of `epochs` epochs, in order; with the topology in memory, steps
+        move no adjacency (every list is resident from the setup)."""
+        for e, b, step in self.schedule.steps(epochs):
+            if self.topology == "memory" and "adjacency" in step.data:
+                step = replace(step, data=tuple(d for d in step.data if d != "adjacency"))
+            yield e, b, step
 
-    def setup(self) -> Step | None:
-        """What is resident all run, loaded before the first step (outside the timed epochs)."""
-        return self.schedule.setup()
+    def setup(self) -> list:
+        """Steps of what is resident all run, loaded before the first step (outside the timed epochs)."""
+        out = [self.schedule.setup()] if self.schedule.setup() is not None else []
+        if self.topology == "memory":
+            out = [replace(s, data=tuple(d for d in s.data if d != "adjacency")) for s in out]
+            out.append(Step(seeds=_EMPTY, enter_ranges=[(0, self.store.num_nodes)], data=("adjacency",)))
+        return [s for s in out if s.data]
 
     def setup_rows(self) -> int:
         """Feature rows `setup()` makes resident (from metadata: no profiling needed)."""
+        return 0
+
+    def setup_entries(self) -> int:
+        """Neighbour-list entries the setup makes resident on a disk topology."""
         return 0
 
     def group_rows(self) -> int:
         """Feature rows the largest group of entering ranges holds (0: the steps load no features)."""
         return 0
 
+    def group_entries(self) -> int:
+        """List entries the largest group of entering ranges holds (0: the steps load no adjacency)."""
+        return 0
+
+    def _largest(self, per_part, k) -> int:
+        """The sum of the k largest of a per-part quantity: a bound for any grouping of k parts."""
+        return int(np.sort(per_part)[::-1][:k].sum())
+
+    def buffers(self) -> int:
+        return 2 if self.pipeline else 1
+
     def capacity(self) -> int:
         """Resident feature rows at most: the setup rows, then one buffer per group in flight."""
-        return self.setup_rows() + (2 if self.pipeline else 1) * self.group_rows()
+        return self.setup_rows() + self.buffers() * self.group_rows()
+
+    def list_capacity(self) -> int:
+        """Resident list entries at most: all of them in memory; on disk the setup's and the groups'."""
+        if self.topology == "memory":
+            return self.store.num_edges
+        return self.setup_entries() + self.buffers() * self.group_entries()
 
     def memory(self) -> dict:
-        """Bytes resident by kind, from the plan alone. The topology is resident for every policy, as
-        the sampler's DGL graph: an int64 CSC, twice an int32 store's indices.bin."""
-        n = self.store.num_nodes
+        """Bytes resident by kind, from the plan alone: feature rows and their slot table, the topology
+        (indptr, the resident lists and, on disk, their offset table), the subgraph sampling inside a
+        group needs (one per buffer), histories."""
+        n, isz = self.store.num_nodes, np.dtype(self.store.meta["index_dtype"]).itemsize
         out = {"feature_rows": self.capacity() * self.store.row_bytes, "slot_table": 4 * n,
-               "topology": (n + 1) * 8 + self.store.num_edges * 8}
+               "topology": (n + 1) * 8 + self.list_capacity() * isz + (8 * n if self.topology == "disk" else 0)}
+        if self.induces:
+            rows = self.setup_rows() + self.group_rows()
+            entries = min(self.store.num_edges, self.setup_entries() + self.group_entries())
+            out["induced"] = self.buffers() * ((rows + 1) * 8 + entries * 4)
         if self.history is not None:
             out["history"] = self.history.nbytes(n)
         return out
 
     def resident_bytes(self) -> int:
-        """What the budget bounds: every resident graph array except the in-RAM topology."""
-        return sum(v for k, v in self.memory().items() if k != "topology")
+        """What the budget bounds: every resident graph array, the topology's included."""
+        return sum(self.memory().values())
 
     def check_budget(self):
         need = self.resident_bytes()
         if self.budgeted and need > self.budget:
-            parts = ", ".join(f"{k} {format_size(v)}" for k, v in self.memory().items() if k != "topology")
-            raise UserError(f"policy {self.name} needs {format_size(need)} resident ({parts}) "
-                            f"but --memory-budget is {format_size(self.budget)}")
+            parts = ", ".join(f"{k} {format_size(v)}" for k, v in self.memory().items())
+            raise UserError(f"policy {self.name} needs {format_size(need)} resident ({parts}, topology "
+                            f"{self.topology}) but --memory-budget is {format_size(self.budget)}")
 
     def __repr__(self):
         return f"{type(self).__name__}({self.schedule!r}, fanouts={self.fanouts}, seed={self.seed})"
@@ -133,7 +179,7 @@ class SchedulePlan(Plan):
     def __init__(self, store, schedule, fanouts, seed=0):
         self.store, self.cfg = store, None
         self.fanouts, self.seed, self.budget = [int(f) for f in fanouts], int(seed), 0
-        self.history = None
+        self.history, self.topology = None, "disk"     # lists resident only as the schedule says
         self.__dict__["schedule"] = schedule
 
 
@@ -142,7 +188,8 @@ class InMemoryPlan(Plan):
     name, source, budgeted = "inmemory", "NS baseline", False
 
     def setup(self):
-        return Step(seeds=_EMPTY, enter_ranges=[(0, self.store.num_nodes)], data=("features",))
+        data = ("features", "adjacency") if self.topology == "memory" else ("features",)
+        return [Step(seeds=_EMPTY, enter_ranges=[(0, self.store.num_nodes)], data=data)]
 
     def setup_rows(self):
         return self.store.num_nodes
@@ -156,8 +203,10 @@ class MmapPlan(Plan):
 
 
 class HierBatchingPlan(Plan):
-    """HierBatching (Alg. 1): mega-batches of N_d parts + static cache, p passes, pipelined loads."""
-    name, source = "hierbatching", "HierBatching Alg. 1"
+    """HierBatching (Alg. 1): mega-batches of N_d parts + static cache, p passes, pipelined loads.
+    On a disk topology a mega-batch's lists load with its features (sequential reads of its parts'
+    slices of indices.bin) and the static nodes' lists stay with theirs."""
+    name, source, induces = "hierbatching", "HierBatching Alg. 1", True
 
     @dataclass
     class Options:
@@ -192,6 +241,7 @@ class HierBatchingPlan(Plan):
             raise UserError(f"hierbatching needs a partitioned store with at least --parts-per-megabatch "
                             f"({o.parts_per_megabatch}) parts; {store.path} has {parts} "
                             "(prepare it with --partitioner metis|fennel --parts K, or --regroup metis:K)")
+        self._choose_topology()
 
     @cached_property
     def schedule(self):
@@ -207,10 +257,25 @@ class HierBatchingPlan(Plan):
     def setup_rows(self):
         return int(self.options.static_ratio * self.store.num_nodes)
 
+    def setup_entries(self):
+        return int(self.store.degrees()[self.schedule.static_ids].sum())
+
+    def _parts(self):
+        """(rows, list entries) of each part the mega-batches group."""
+        if not self.options.regroup:
+            off = self.store.part_offsets
+            return np.diff(off), np.diff(self.store.indptr[off])
+        sch = self.schedule
+        assignment = np.empty(self.store.num_nodes, np.int64)
+        assignment[sch._order] = np.repeat(np.arange(sch.num_parts), np.diff(sch.offsets))
+        return np.diff(sch.offsets), np.bincount(assignment, self.store.degrees(), sch.num_parts).astype(np.int64)
+
     def group_rows(self):
         """The N_d largest parts: a bound for any permutation of the parts."""
-        offsets = self.schedule.offsets if self.options.regroup else self.store.part_offsets
-        return int(np.sort(np.diff(offsets))[::-1][:self.options.parts_per_megabatch].sum())
+        return self._largest(self._parts()[0], self.options.parts_per_megabatch)
+
+    def group_entries(self):
+        return self._largest(self._parts()[1], self.options.parts_per_megabatch)
 
     def rule(self) -> dict:
         """HierBatching App. B: 2(r_s + r_d)(A + B) <= C, with A, B the feature and topology bytes."""
@@ -255,8 +320,12 @@ class OutrePlan(Plan):
             from .models import hidden_width
             self.history = HistorySpec(int(o.history_ratio * store.num_nodes), hidden_width(cfg.model, cfg.hidden),
                                        o.staleness, self._history_nodes)
-        # the feature cache gets what the budget leaves after histories and its slot table
-        left = self.budget - (self.history.nbytes(store.num_nodes) if self.history else 0) - 4 * store.num_nodes
+        isz = np.dtype(store.meta["index_dtype"]).itemsize
+        self.neighbour_entries = int(cfg.neighbour_cache_ratio * self.budget) // isz
+        # the feature cache gets what the budget leaves after the topology, histories and its slot table
+        self.cache_rows = 0
+        self._choose_topology()
+        left = self.budget - self.resident_bytes()
         self.cache_rows = int(min(store.num_nodes, max(0, left) // store.row_bytes))
 
     @cached_property
@@ -288,11 +357,31 @@ class OutrePlan(Plan):
             policy = make_cache("static-frequency", self.cache_rows, self.store.num_nodes, counts=counts)
         return policy.static_ids.astype(np.int64)
 
+    @cached_property
+    def neighbour_ids(self) -> np.ndarray:
+        """The static neighbour cache of a disk topology: lists by cross-partition degree (OUTRE §4.2)
+        while they fit `neighbour_cache_ratio` of the budget."""
+        from .topology import cross_partition_degree, neighbour_cache
+        isz = np.dtype(self.store.meta["index_dtype"]).itemsize
+        return np.sort(neighbour_cache(self.store, cross_partition_degree(self.store), self.neighbour_entries * isz))
+
     def setup(self):
-        return Step(seeds=_EMPTY, enter_ids=self.cache_ids, data=("features",))
+        out = [Step(seeds=_EMPTY, enter_ids=self.cache_ids, data=("features",))]
+        if self.topology == "memory":
+            out.append(Step(seeds=_EMPTY, enter_ranges=[(0, self.store.num_nodes)], data=("adjacency",)))
+        elif self.neighbour_entries:
+            out.append(Step(seeds=_EMPTY, enter_ids=self.neighbour_ids, data=("adjacency",)))
+        return out
 
     def setup_rows(self):
         return self.cache_rows
+
+    def setup_entries(self):
+        return self.neighbour_entries
+
+    def group_entries(self):
+        """A macro batch's lists (OUTRE's batch-specific neighbour cache): the largest parts' lists."""
+        return self._largest(np.diff(self.store.indptr[self.store.part_offsets]), self.options.parts_per_macro)
 
 
 POLICIES = {p.name: p for p in (InMemoryPlan, MmapPlan, HierBatchingPlan, OutrePlan)}

@@ -25,7 +25,7 @@ _TOTALS = ("seeds", "input_nodes", "feature_rows_read", "feature_pages_read", "n
            "neighbour_pages_read", "load_pages")
 
 
-def redundancy_ratio(store, schedule, fanouts, epochs=1, seed=0, history=None, g=None, progress=False,
+def redundancy_ratio(store, schedule, fanouts, epochs=1, seed=0, history=None, progress=False,
                      **schedule_params) -> dict:
     """RR (Eq. 2) of `epochs` epochs of `schedule` (a Schedule or a name + params), and the I/O behind it.
 
@@ -33,7 +33,7 @@ def redundancy_ratio(store, schedule, fanouts, epochs=1, seed=0, history=None, g
     `history` (ids or a mask) also history_nodes, history_hits and every count again with the
     suffix `_hist`, plus rr_reduction = 1 − rr_hist / rr.
     """
-    df = simulate(store, schedule, fanouts, epochs=epochs, seed=seed, history=history, g=g,
+    df = simulate(store, schedule, fanouts, epochs=epochs, seed=seed, history=history,
                   progress=progress, **schedule_params)
     s = summarize(df)
     out = {"schedule": df.attrs["schedule"], "fanouts": ",".join(map(str, df.attrs["fanouts"])),
@@ -52,26 +52,25 @@ def redundancy_ratio(store, schedule, fanouts, epochs=1, seed=0, history=None, g
     return out
 
 
-def redundancy_table(store, schedules: dict, fanouts, epochs=1, seed=0, history=None, g=None) -> pd.DataFrame:
+def redundancy_table(store, schedules: dict, fanouts, epochs=1, seed=0, history=None) -> pd.DataFrame:
     """One `redundancy_ratio` row per labelled schedule: {label: Schedule | (name, params)}."""
-    g = store.graph() if g is None else g
     rows = []
     for label, sch in schedules.items():
         name, params = (sch, {}) if not isinstance(sch, tuple) else sch
-        rows.append({"label": label, **redundancy_ratio(store, name, fanouts, epochs, seed, history, g,
+        rows.append({"label": label, **redundancy_ratio(store, name, fanouts, epochs, seed, history,
                                                         **params)})
     return pd.DataFrame(rows)
 
 
 def _first_discoverer(block):
     """(new src local ids, parent dst local id): each node new at this hop, charged to its first edge."""
-    src, dst = (t.numpy() for t in block.edges(order="eid"))
-    new = src >= block.num_dst_nodes()
+    src, dst = block.edges()
+    new = src >= block.num_dst
     ids, first = np.unique(src[new], return_index=True)
     return ids, dst[new][first]
 
 
-def importance(store, fanouts, schedule="random", epochs=1, seed=0, g=None, progress=False,
+def importance(store, fanouts, schedule="random", epochs=1, seed=0, progress=False,
                **schedule_params) -> pd.DataFrame:
     """OUTRE's saved_I/O_hist profile (§2.6 of the digest), one row per store id.
 
@@ -83,29 +82,27 @@ def importance(store, fanouts, schedule="random", epochs=1, seed=0, g=None, prog
       reuse leaves unsampled (OUTRE's reverse propagation of ones, +1 for self per hop).
     Summed over the batches of `epochs` epochs of `schedule` (profiling epochs; seeds as `simulate`).
     """
-    import dgl
     from tqdm.auto import tqdm
     fanouts = [int(f) for f in fanouts]
     if len(fanouts) < 2:
         raise UserError("importance needs at least 2 layers (history caches h^(L-1))")
     schedule = make_schedule(schedule, store, **({"seed": seed} | schedule_params)) \
         if isinstance(schedule, str) else schedule
-    g = store.graph() if g is None else g
     gather = np.zeros(store.num_nodes, dtype=np.float64)
     sample = np.zeros(store.num_nodes, dtype=np.float64)
-    walk = sampled_steps(schedule, Sampler(g, fanouts, seed), epochs)
+    walk = sampled_steps(schedule, Sampler(store.neighbour_lists(), fanouts, seed), epochs)
     for _, _, _, _, smp in tqdm(walk, desc="importance", disable=not progress, leave=False):
         blocks = smp.blocks
-        c = np.ones(blocks[0].num_src_nodes())          # first-discoverer forest sizes
-        t = np.ones(blocks[0].num_src_nodes())          # sampled sub-tree sizes
+        c = np.ones(blocks[0].num_src)                  # first-discoverer forest sizes
+        t = np.ones(blocks[0].num_src)                  # sampled sub-tree sizes
         for blk in blocks[:-1]:                         # hop L-1 (outermost) ... hop 1
-            nd = blk.num_dst_nodes()
+            nd = blk.num_dst
             ids, parent = _first_discoverer(blk)
             c = c[:nd] + np.bincount(parent, weights=c[ids], minlength=nd)
-            src, dst = (x.numpy() for x in blk.edges())
+            src, dst = blk.edges()
             t = 1.0 + np.bincount(dst, weights=t[src], minlength=nd)
-        hop1 = blocks[-1].srcdata[dgl.NID].numpy()
-        k = blocks[-1].num_dst_nodes()                  # seeds first: never skipped
+        hop1 = blocks[-1].src_nodes
+        k = blocks[-1].num_dst                          # seeds first: never skipped
         gather[hop1[k:]] += c[k:] - 1
         sample[hop1[k:]] += t[k:] - 1
     return pd.DataFrame({"degree": store.degrees(), "saved_gather": gather.astype(np.int64),

@@ -1,14 +1,15 @@
 """The executor's runtime: a plan's steps done for real.
 
-`Runtime(store, plan, sampler)` holds what the plan declares resident, as a `CachedReader` over
-the store's direct reader, and interprets the plan's steps: the setup rows are read before the
-run; entering ranges are loaded by a loader into one of two buffers, in a background thread while
-training runs on the other when the plan pipelines (HierBatching §3.3), and the loader also builds
-the subgraph that sampling inside them needs; scattered ranges (HB−) are one coalesced gather.
+`Runtime(store, plan)` holds what the plan declares resident: feature rows in a `CachedReader` over
+the store's direct reader, neighbour lists in the sampler's topology source (`NeighbourLists`:
+all of them, or the setup's and the steps' on a disk topology). It interprets the plan's steps:
+setup rows and lists are read before the run; entering ranges are loaded by a loader into one of
+two buffers, in a background thread while training runs on the other when the plan pipelines
+(HierBatching §3.3), and the loader also builds the subgraph that sampling inside them needs;
+scattered ranges (HB−) are one coalesced gather.
 Plans that read through the OS page cache run under `PageCacheCap`; the others bound their own
 resident bytes (`OwnBudget`). The history stage (`oocgnn.history`) decides which input rows a
-batch needs and finishes its forward pass. Adjacency moves need nothing here yet: the sampler's
-topology is resident for every plan (`Plan.memory()["topology"]`).
+batch needs and finishes its forward pass.
 """
 from __future__ import annotations
 
@@ -22,9 +23,12 @@ from .errors import UserError
 from .history import HistoryCache, NoHistory
 from .io import IOStats, drop_file_cache, range_chunks
 from .memcap import MemoryCap
+from .direct import DirectReader
 from .resident import CachedReader
-from .sampler import induced_csc
+from .sampler import Sampler, induced_csc
 from .schedules import _ids_of_ranges
+from .topology import NeighbourLists
+
 
 
 class OwnBudget:
@@ -78,36 +82,51 @@ class PageCacheCap:
 
 
 class RangeLoader:
-    """Loads a step's entering ranges into one of two buffers, in a background thread if pipelined,
-    and builds the subgraph they induce for sampling (the loader prepares both, HierBatching §3.3)."""
+    """Loads a step's entering ranges (their feature rows and, on a disk topology, their lists) into
+    one of two buffers, in a background thread if pipelined, and builds the subgraph they induce for
+    sampling (the loader prepares both, HierBatching §3.3)."""
 
-    def __init__(self, runtime, base, capacity, pipeline):
-        self.runtime, self.base, self.capacity, self.pipeline = runtime, base, capacity, pipeline
+    def __init__(self, runtime, pipeline):
+        self.runtime, self.pipeline = runtime, pipeline
+        plan = runtime.plan
+        self.rows, self.row_base = plan.group_rows(), plan.setup_rows()
+        self.entries, self.entry_base = plan.group_entries(), plan.setup_entries()
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="oocgnn-load") if pipeline else None
         self.pending = None                           # (step, future)
         self.buffer = 0                               # which half holds the current group
 
+    def bases(self, half):
+        """(first feature slot, first list entry) of buffer `half`."""
+        return self.row_base + half * self.rows, self.entry_base + half * self.entries
+
     def _read(self, step, half):
-        """Read `step`'s rows into buffer `half`; returns (seconds reading, induced CSC or None)."""
+        """Read `step`'s rows and lists into buffer `half`; returns (seconds reading, induced CSC or None)."""
         t = time.perf_counter()
         rt = self.runtime
-        base, reader, rows = self.base + half * self.capacity, rt.cached.reader, rt.cached.rows
-        if step.scattered:                            # HB−: one coalesced gather of scattered rows
+        base, entry_base = self.bases(half)
+        reader, rows = rt.cached.reader, rt.cached.rows
+        if "features" in step.data and step.scattered:     # HB−: one coalesced gather of scattered rows
             ids = _ids_of_ranges(step.enter_ranges)
             rows[base:base + len(ids)] = _tensor(reader.read_rows(ids))
-        else:                                         # sequential reads, range by range
+        elif "features" in step.data:                      # sequential reads, range by range
             pos = base
             for lo, hi in step.enter_ranges:
                 for a, b in range_chunks(lo, hi, rt.store.row_stride):
                     rows[pos:pos + b - a] = _tensor(reader.read_range(a, b))
                     pos += b - a
+        if "adjacency" in step.data:
+            rt.topology.read_ranges(step.enter_ranges, entry_base)
         seconds, t = time.perf_counter() - t, time.perf_counter()
-        induced = induced_csc(rt.store.graph(), step.visible) if step.visible is not None else None
+        induced = None
+        if step.visible is not None:
+            spans = rt.topology.group_spans(step.visible, step.enter_ranges if "adjacency" in step.data else [],
+                                            entry_base)
+            induced = induced_csc(rt.topology, step.visible, spans)
         rt._time("subgraph", time.perf_counter() - t)
         return seconds, induced
 
-    def load(self, step, next_step) -> int:
-        """Make `step`'s ranges resident (returns their first slot); start loading `next_step`'s."""
+    def load(self, step, next_step) -> tuple:
+        """Make `step`'s ranges resident (returns the bases of their buffer); start loading `next_step`'s."""
         half = 1 - self.buffer if self.pipeline else 0
         if self.pending is not None and self.pending[0] is step:
             t = time.perf_counter()
@@ -121,7 +140,7 @@ class RangeLoader:
         self.pending, self.buffer = None, half
         if self.pipeline and next_step is not None:
             self.pending = (next_step, self.pool.submit(self._read, next_step, 1 - half))
-        return self.base + half * self.capacity
+        return self.bases(half)
 
     def close(self):
         if self.pool:
@@ -134,29 +153,35 @@ def _tensor(a):
 
 
 class Runtime:
-    """Resident rows, readers, loader, memory cap and history stage of one run of `plan`."""
+    """Resident rows and lists, readers, the sampler, loader, memory cap and history stage of one run
+    of `plan`."""
 
-    def __init__(self, store, plan, sampler):
-        self.store, self.plan, self.sampler = store, plan, sampler
+    def __init__(self, store, plan):
+        self.store, self.plan = store, plan
         self.cached = CachedReader(store.reader("direct"), store.num_nodes, plan.capacity())
+        self.topology = NeighbourLists(store, plan.list_capacity())
+        self.sampler = Sampler(self.topology, plan.fanouts, plan.seed)
         self.io_before_switch = IOStats()             # stats of readers replaced mid-run
         self.timers = {}                              # background stages (the loader thread)
-        setup = plan.setup()
-        self._setup_ids = setup.enter_ids if setup is not None else np.empty(0, np.int64)
-        self.loader = RangeLoader(self, plan.setup_rows(), plan.group_rows(), plan.pipeline)
+        self.setup_steps = plan.setup()
+        self._setup_rows = [s.enter_ids for s in self.setup_steps if "features" in s.data and len(s.enter_ids)]
+        self.loader = RangeLoader(self, plan.pipeline)
         self.cap = PageCacheCap(self) if plan.reader == "mmap" else OwnBudget(self)
         self.stage = HistoryCache.of(plan.history, store.num_nodes) if plan.history else NoHistory()
         # evaluation reads outside the measured run; through the page cache, there is only one
         self.eval_reader = store.reader("direct") if plan.reader == "direct" else None
+        self.eval_topology = self.topology if self.topology.all_resident or plan.topology == "memory" else \
+            None
 
     def _time(self, stage, seconds):
         self.timers[stage] = self.timers.get(stage, 0.0) + seconds
 
     def memory(self) -> dict:
-        """Bytes the runtime really holds, by the plan's kinds (`Plan.memory()` predicts them)."""
-        indptr, indices, _ = self.store.graph().adj_tensors("csc")
+        """Bytes the runtime really holds, by the plan's kinds (`Plan.memory()` predicts them; the
+        induced subgraphs it bounds are built per group and not counted here)."""
         out = {"feature_rows": self.cached.rows.numel() * 4, "slot_table": self.cached.slot.nbytes,
-               "topology": indptr.numel() * indptr.element_size() + indices.numel() * indices.element_size()}
+               "topology": self.topology.nbytes if self.plan.topology == "disk" else
+               self.topology.indptr.nbytes + self.store.num_edges * self.topology.dtype.itemsize}
         if self.plan.history is not None:
             out["history"] = self.stage.nbytes
         return out
@@ -164,28 +189,46 @@ class Runtime:
     # -- the plan's steps --------------------------------------------------------------------
     def setup(self):
         """Load what the plan keeps resident all run (before the first step)."""
-        step = self.plan.setup()
-        if step is None or "features" not in step.data:
-            return
-        if len(step.enter_ids):
-            self.cached.place(step.enter_ids, 0, self.cached.reader.read_rows(step.enter_ids))
-        pos = len(step.enter_ids)
-        for lo, hi in step.enter_ranges:
-            for a, b in range_chunks(lo, hi, self.store.row_stride):
-                self.cached.place(np.arange(a, b), pos, self.cached.reader.read_range(a, b))
-                pos += b - a
+        rows = entries = 0
+        for step in self.setup_steps:
+            if "features" in step.data:
+                if len(step.enter_ids):
+                    self.cached.place(step.enter_ids, rows, self.cached.reader.read_rows(step.enter_ids))
+                    rows += len(step.enter_ids)
+                for lo, hi in step.enter_ranges:
+                    for a, b in range_chunks(lo, hi, self.store.row_stride):
+                        self.cached.place(np.arange(a, b), rows, self.cached.reader.read_range(a, b))
+                        rows += b - a
+            if "adjacency" in step.data:
+                if step.enter_ranges == [(0, self.store.num_nodes)]:
+                    self.topology.place_all()
+                elif step.enter_ranges:
+                    raise UserError("plans keep whole lists in setup ranges only for every node")
+                entries += self.topology.place_ids(step.enter_ids, entries) if len(step.enter_ids) else 0
+        if self.eval_topology is None:                # disk: evaluation reads lists through its own reader
+            self.eval_topology = self.topology.view(DirectReader(
+                self.store.path / "indices.bin", self.store.num_edges, 1, dtype=self.topology.dtype,
+                row_stride=self.topology.dtype.itemsize))
 
     def before(self, step, next_load):
         """Apply the step's residency change before its batch is sampled; `next_load` (the next step
         that loads ranges, or None) starts loading in the background when the plan pipelines."""
         if len(step.enter_ids) or len(step.leave_ids):
             raise UserError("plans declare scattered resident rows in setup(); steps move ranges")
-        if step.enter_ranges and "features" in step.data:
+        if not step.enter_ranges or not step.data:
+            return
+        if "features" in step.data:
             for lo, hi in step.leave_ranges:
                 self.cached.drop(np.arange(lo, hi))
-            base = self.loader.load(step, next_load)
+        if "adjacency" in step.data:
+            self.topology.drop_ranges(step.leave_ranges)  # the setup's lists stay
+        base, entry_base = self.loader.load(step, next_load)
+        if "features" in step.data:
             self.cached.point(_ids_of_ranges(step.enter_ranges), base)
-            self.cached.point(self._setup_ids, 0)     # setup rows keep their slots
+            for ids in self._setup_rows:              # setup rows keep their slots
+                self.cached.point(ids, 0)
+        if "adjacency" in step.data:
+            self.topology.point_ranges(step.enter_ranges, entry_base)
 
     def gather(self, ids):
         """Feature rows of `ids` for training (resident from RAM, the rest read)."""
@@ -205,8 +248,12 @@ class Runtime:
 
     # -- readers and the memory cap ------------------------------------------------------------
     def io(self) -> IOStats:
-        """Everything the run's readers read so far (a reader replaced mid-run included)."""
+        """Everything the run's feature readers read so far (a reader replaced mid-run included)."""
         return self.io_before_switch + self.cached.stats
+
+    def topology_io(self) -> IOStats:
+        """Everything the run read of indices.bin."""
+        return self.topology.stats.snapshot()
 
     def switch_reader(self, reader):
         self.io_before_switch += self.cached.reader.stats
@@ -230,4 +277,7 @@ class Runtime:
         self.loader.close()
         if self.eval_reader is not None:
             self.eval_reader.close()
+        if self.eval_topology is not None and self.eval_topology.reader is not self.topology.reader:
+            self.eval_topology.reader.close()
         self.cached.reader.close()
+        self.topology.close()

@@ -1,10 +1,15 @@
 """The sampler every consumer shares, and the one loop that pairs each step of a plan with its sample.
 
-`Sampler(graph, fanouts, seed)` draws the blocks of a batch with DGL's NeighborSampler, reseeded
-per batch from (seed, epoch, batch), so a batch's sample does not depend on what ran before it.
-A step's `visible` set restricts sampling to the subgraph it induces (HierBatching: sampling never
-leaves the resident mega-batch ∪ static nodes); the sampler keeps that subgraph while the same
-set is passed, and a loader may hand it one built ahead (`prepare`).
+`Sampler(topology, fanouts, seed)` draws a batch's blocks with our own uniform neighbour sampler
+(`oocgnn.blocks`: numba, parallel, no Python per node). Its random streams are counter-based and
+keyed by (seed, epoch, batch, layer, node), so a batch's sample depends on nothing that ran before
+it and is the same at any thread count. Neighbour lists come from a topology source
+(`oocgnn.topology.NeighbourLists`): all resident, or read from disk through what a plan keeps
+resident, counted apart from feature reads. A step's `visible` set restricts sampling to the
+subgraph it induces (HierBatching: sampling never leaves the resident mega-batch ∪ static nodes);
+the sampler keeps that subgraph while the same set is passed, and a loader may hand it one built
+ahead (`prepare`). Nodes keep their random keys inside it, so a node whose list the subgraph keeps
+whole draws the same neighbours as on the whole graph.
 
 `sampled_steps(plan, sampler, epochs)` is how the simulator, the executor, traces, the redundancy
 ratio and profiling all walk a run: (i, epoch, batch, step, sample) in order.
@@ -16,62 +21,65 @@ from typing import NamedTuple
 import numba
 import numpy as np
 
+from .blocks import sample_layer
 from .errors import UserError
-
-
-def batch_seed(seed, epoch, batch) -> int:
-    """DGL seed of one batch: sampling is reproducible per batch, whatever ran in between."""
-    state = np.random.SeedSequence([int(seed), int(epoch), int(batch)]).generate_state(1)[0]
-    return int(state >> 1)                       # dgl.seed takes a non-negative int32
 
 
 class Sample(NamedTuple):
     """One sampled batch: store ids of the input rows (blocks[0]'s sources) and of the seeds, and the
-    blocks (message-flow graphs, outermost layer first; global ids in srcdata/dstdata[dgl.NID])."""
+    blocks (`oocgnn.blocks.Block`, outermost layer first, global ids in `src_nodes`)."""
     input_nodes: np.ndarray     # int64 [blocks[0].num_src]
     output_nodes: np.ndarray    # int64 [blocks[-1].num_dst]
     blocks: list
 
 
 class Sampler:
-    """Neighbour sampling with `fanouts` (fanouts[i] for blocks[i]; -1 = all) on `graph`, seeded per
-    batch by `batch_seed(seed, epoch, batch)`. Owns its caches: DGL's sampler object and the subgraph
-    induced by the last `visible` set (one residency group at a time)."""
+    """Neighbour sampling with `fanouts` (fanouts[i] for blocks[i]; -1 = all) over a topology source
+    (`NeighbourLists`, or anything with `num_nodes`, `indptr` and `lists`). Owns its caches: the
+    relabelling scratch and the subgraph induced by the last `visible` set."""
 
-    def __init__(self, graph, fanouts, seed=0):
-        import dgl
-        self.graph, self.fanouts, self.seed = graph, [int(f) for f in fanouts], int(seed)
-        self._dgl = dgl.dataloading.NeighborSampler(list(self.fanouts))
+    def __init__(self, topology, fanouts, seed=0):
+        self.topology, self.fanouts, self.seed = topology, [int(f) for f in fanouts], int(seed)
+        self.scratch = np.full(topology.num_nodes, -1, dtype=np.int32)
         self._visible = self._subgraph = None
 
     def __repr__(self):
         return f"Sampler(fanouts={self.fanouts}, seed={self.seed})"
 
     def prepare(self, visible, induced):
-        """Use `induced` (the `induced_csc` of `visible`, e.g. built by a loader thread) for `visible`."""
-        self._visible, self._subgraph = visible, _dgl_csc(induced)
+        """Use `induced` (the CSC `induced_csc` builds for `visible`, e.g. in a loader thread)."""
+        self._visible, self._subgraph = visible, induced
 
-    def sample(self, seeds, epoch=0, batch=0, visible=None, *, dgl_seed=None) -> Sample:
-        """The blocks of `seeds`, sampled inside the sorted ids `visible` (None: the whole graph).
-        `dgl_seed` overrides the per-batch seed (evaluation seeds its batches its own way)."""
-        import dgl
-        import torch
+    def sample(self, seeds, epoch=0, batch=0, visible=None) -> Sample:
+        """The blocks of `seeds`, sampled inside the sorted ids `visible` (None: the whole graph)."""
         seeds = np.asarray(seeds, dtype=np.int64)
-        dgl.seed(batch_seed(self.seed, epoch, batch) if dgl_seed is None else int(dgl_seed))
         if visible is None:
-            inp, out, blocks = self._dgl.sample(self.graph, torch.from_numpy(seeds))
-            return Sample(inp.numpy(), out.numpy(), blocks)
+            blocks = self._walk(seeds, epoch, batch, self.topology.lists)
+            return Sample(blocks[0].src_nodes, seeds, blocks)
         if self._visible is not visible:
-            self.prepare(visible, induced_csc(self.graph, visible))
+            self.prepare(visible, induced_csc(self.topology, visible))
         local = np.minimum(np.searchsorted(visible, seeds), len(visible) - 1)
         if not np.array_equal(visible[local], seeds):
             raise UserError("Sampler.sample: every seed must be in `visible`")
-        vis = torch.from_numpy(visible)
-        inp, out, blocks = self._dgl.sample(self._subgraph, torch.from_numpy(local))
+        indptr, indices = self._subgraph
+
+        def lists(nodes, known=0, prev=None):            # the induced CSC: resident, local ids
+            return indptr[nodes], indptr[nodes + 1], indices
+        blocks = self._walk(local, epoch, batch, lists, keys=visible)
         for b in blocks:
-            b.srcdata[dgl.NID] = vis[b.srcdata[dgl.NID]]
-            b.dstdata[dgl.NID] = vis[b.dstdata[dgl.NID]]
-        return Sample(vis[inp].numpy(), vis[out].numpy(), blocks)
+            b.src_nodes = visible[b.src_nodes]
+        return Sample(blocks[0].src_nodes, seeds, blocks)
+
+    def _walk(self, seeds, epoch, batch, lists, keys=None):
+        """Layer by layer from the seeds outwards; each layer's frontier is the previous block's
+        sources, whose first `known` lists the previous call already brought."""
+        blocks, frontier, known, prev = [None] * len(self.fanouts), seeds, 0, None
+        for layer in range(len(self.fanouts) - 1, -1, -1):
+            prev = lists(frontier, known, prev)
+            blocks[layer] = sample_layer(frontier, *prev, self.fanouts[layer], self.seed, epoch, batch, layer,
+                                         self.scratch, None if keys is None else keys[frontier])
+            known, frontier = len(frontier), blocks[layer].src_nodes
+        return blocks
 
 
 def sampled_steps(plan, sampler: Sampler, epochs=1, before=None):
@@ -95,7 +103,7 @@ def _popcount(x):
 
 
 @numba.njit(nogil=True, cache=True)
-def _induced_csc(indptr, indices, visible, num_nodes):
+def _induced_csc(starts, ends, indices, visible, num_nodes):
     # membership is a bitmap (N/8 bytes, cache-resident) and a node's local id its rank in it
     words = (num_nodes + 63) // 64
     bits = np.zeros(words, dtype=np.uint64)
@@ -110,14 +118,14 @@ def _induced_csc(indptr, indices, visible, num_nodes):
     out_ptr = np.zeros(n + 1, dtype=np.int64)
     for i in range(n):
         c = 0
-        for k in range(indptr[visible[i]], indptr[visible[i] + 1]):
+        for k in range(starts[i], ends[i]):
             u = indices[k]
             c += (bits[u >> 6] >> np.uint64(u & 63)) & np.uint64(1)
         out_ptr[i + 1] = out_ptr[i] + c
-    out = np.empty(out_ptr[n], dtype=np.int64)
+    out = np.empty(out_ptr[n], dtype=np.int32)
     for i in range(n):
         pos = out_ptr[i]
-        for k in range(indptr[visible[i]], indptr[visible[i] + 1]):
+        for k in range(starts[i], ends[i]):
             u = indices[k]
             word, shift = bits[u >> 6], np.uint64(u & 63)
             if (word >> shift) & np.uint64(1):
@@ -126,17 +134,11 @@ def _induced_csc(indptr, indices, visible, num_nodes):
     return out_ptr, out
 
 
-def induced_csc(g, visible) -> tuple:
-    """(indptr, indices) of the subgraph of DGL graph `g` induced by sorted ids `visible`, in local
-    ids with every neighbour list's order kept: the CSC `dgl.node_subgraph` builds, about 2.5x
-    faster, and without the GIL, so a loader thread can build the next group's (HierBatching §3.3)."""
-    indptr, indices, _ = g.adj_tensors("csc")
-    return _induced_csc(indptr.numpy(), indices.numpy(), np.asarray(visible, dtype=np.int64), g.num_nodes())
-
-
-def _dgl_csc(csc):
-    import dgl
-    import torch
-    indptr, indices = (torch.from_numpy(a) for a in csc)
-    return dgl.graph(("csc", (indptr, indices, torch.empty(0, dtype=torch.int64))),
-                     num_nodes=len(indptr) - 1).formats("csc")
+def induced_csc(topology, visible, spans=None) -> tuple:
+    """(indptr int64, indices int32) of the subgraph induced by sorted ids `visible`, in local ids with
+    every list's order kept (the CSC `dgl.node_subgraph` builds). Every visible node's list must be
+    resident in `topology` (`spans`: their (starts, ends) in its buffer, when a loader knows them before
+    they are pointed at). Without the GIL, so a loader thread can build the next group's (HierBatching §3.3)."""
+    visible = np.asarray(visible, dtype=np.int64)
+    starts, ends = topology.spans(visible) if spans is None else spans
+    return _induced_csc(starts, ends, topology.buf, visible, topology.num_nodes)

@@ -25,6 +25,7 @@ static–static edges must stay in RAM).
 """
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -48,9 +49,29 @@ class Step:
     leave_ranges: list = field(default_factory=list)    # [(lo, hi)] dropped
     leave_ids: np.ndarray = field(default_factory=lambda: _EMPTY)  # sorted scattered ids dropped
     data: tuple = ()                                    # ("features", "adjacency") or a subset
-    visible: np.ndarray | None = None                   # sorted ids sampling is restricted to; None = all
+    group_visible: "Visible | None" = field(default=None, repr=False)   # the group's, if restricted
     scattered: bool = False                             # entering ranges are scattered rows (HB−): read
                                                         # as one coalesced row gather, not range reads
+
+    @property
+    def visible(self) -> np.ndarray | None:
+        """Sorted ids sampling is restricted to (None: all), one array object per group."""
+        return None if self.group_visible is None else self.group_visible.get()
+
+
+class Visible:
+    """A group's visible set, computed when first asked (by the loader that prepares the group, or by
+    the sampler) and shared by the group's steps; freed with them."""
+
+    def __init__(self, compute, ranges):
+        self.compute, self.ranges, self.value = compute, ranges, None
+        self.lock = threading.Lock()
+
+    def get(self) -> np.ndarray:
+        with self.lock:
+            if self.value is None:
+                self.value = self.compute(self.ranges)
+            return self.value
 
 
 def _merge(ranges):
@@ -165,15 +186,17 @@ class _GroupSchedule(Schedule):
     def batches(self, train, rng):
         return _cut(rng.permutation(train), self.batch_size)
 
+    restricted = False                               # sampling stays inside each group's `visible(ranges)`
+
     def visible(self, ranges):
         return None
 
     def epoch(self, epoch):
         rng, resident = self.rng(epoch, 1), self._previous(epoch)
         for g, (ranges, train) in enumerate(self.groups(epoch)):
-            visible = self.visible(ranges)
+            visible = Visible(self.visible, ranges) if self.restricted else None
             for j, seeds in enumerate(self.batches(train, rng)):
-                step = Step(seeds=seeds, group=g, data=self.data, visible=visible, scattered=self.scattered)
+                step = Step(seeds=seeds, group=g, data=self.data, group_visible=visible, scattered=self.scattered)
                 if j == 0:
                     step.leave_ranges, step.enter_ranges = resident, ranges
                     resident = ranges
@@ -199,6 +222,7 @@ class MegabatchSchedule(_GroupSchedule):
     """HierBatching Alg. 1: mega-batches of N_d parts + a static cache, p passes, sampling inside them."""
     name = "megabatch"
     data = ("features", "adjacency")
+    restricted = True
 
     def __init__(self, store, batch_size=1024, parts_per_megabatch=8, static_ratio=0.01, passes=1.0,
                  static_scope="adjacent", seed=0, assignment=None):
@@ -240,9 +264,8 @@ class MegabatchSchedule(_GroupSchedule):
         t = _ids_of_ranges(ranges)
         if self.static_scope == "all":
             return np.union1d(t, self.static_ids)
-        indptr, indices, _ = self.store.graph().adj_tensors("csc")   # the sampler's CSC: no second copy
-        indptr, indices = indptr.numpy(), indices.numpy()
-        nbr = indices[_ids_of_ranges([(indptr[lo], indptr[hi]) for lo, hi in ranges])]
+        indptr = self.store.indptr
+        nbr = np.concatenate([self.store.index_slice(indptr[lo], indptr[hi]) for lo, hi in ranges])
         adj = nbr[self._static_mask[nbr]]
         return np.union1d(t, adj.astype(np.int64))
 

@@ -24,7 +24,8 @@ from .history import HistoryStamps, history_prune
 from .io import PAGE, page_span, range_chunks, range_requests, request_breaks
 from .sampler import Sampler, sampled_steps
 from .policies import as_plan
-from .schedules import Step, _ids_of_ranges
+from .schedules import _ids_of_ranges
+from .topology import _spans_to_ids
 
 DATA = ("features", "adjacency")
 
@@ -65,8 +66,22 @@ class Layout:
 
     def feature_requests(self, rows) -> int:
         """Requests DirectReader.read_rows issues for sorted unique `rows` (same coalescing rule)."""
-        row_pages = self.stride // PAGE if self.stride % PAGE == 0 else 1
-        return int(request_breaks(*page_span(rows * self.stride, self.row_bytes), row_pages).sum())
+        return _requests(rows, self.stride, self.row_bytes)
+
+    def list_reads(self, nodes) -> tuple[int, int]:
+        """(pages, requests) of reading the lists of `nodes` (unique, none empty) in one call, as
+        `topology.NeighbourLists` does: their entries are the rows of a reader of indices.bin."""
+        lens = self.indptr[nodes + 1] - self.indptr[nodes]
+        entries = np.sort(_spans_to_ids(self.indptr[nodes], lens, int(lens.sum())))
+        return page_union(*page_span(entries * self.isz, self.isz))[0], _requests(entries, self.isz, self.isz)
+
+    def range_list_reads(self, lo, hi) -> tuple[int, int]:
+        """(pages, requests) of loading the lists of nodes [lo, hi) sequentially (`io.range_chunks`)."""
+        pages = []
+        for a, b in range_chunks(self.indptr[lo], self.indptr[hi], self.isz):
+            first, last = page_span(a * self.isz, (b - a) * self.isz)
+            pages.append(int(last - first + 1))
+        return sum(pages), sum(range_requests(p) for p in pages)
 
     def adjacency_pages(self, nodes):
         """(pages, runs) of reading the neighbour lists of sorted unique `nodes` (empty ones read nothing)."""
@@ -91,24 +106,35 @@ class Layout:
         return int(last - first + 1), int(alast - afirst + 1)
 
 
+def _requests(rows, stride, row_bytes) -> int:
+    """Requests DirectReader.read_rows issues for sorted unique `rows` of a layout."""
+    row_pages = stride // PAGE if stride % PAGE == 0 else 1
+    return int(request_breaks(*page_span(rows * stride, row_bytes), row_pages).sum())
+
+
+LOADS = ("load_feature_rows", "load_feature_pages", "load_feature_requests", "load_edges",
+         "load_adjacency_pages", "load_adjacency_requests")
+
+
 class Residency:
-    """What is in RAM: boolean masks over store ids per (data, ranges|ids); `apply` counts the loads."""
+    """What is in RAM: boolean masks over store ids per (data, setup|ranges|ids); `apply` counts the
+    loads. Setup residents (`apply(step, setup=True)`) stay all run: steps never move them."""
 
     def __init__(self, store, feature_cache=None, neighbour_cache=None):
         n = store.num_nodes
         self.layout, self.deg = Layout(store), store.degrees()
-        self.masks = {(d, k): np.zeros(n, dtype=bool) for d in DATA for k in ("ranges", "ids")}
+        self.masks = {(d, k): np.zeros(n, dtype=bool) for d in DATA for k in ("setup", "ranges", "ids")}
         self.extra = {"features": _as_mask(feature_cache, n), "adjacency": _as_mask(neighbour_cache, n)}
         self._update()
 
     def _update(self):
-        self.resident = {d: self.masks[d, "ranges"] | self.masks[d, "ids"] | self.extra[d] for d in DATA}
-        self.counts = {d: int(np.count_nonzero(self.masks[d, "ranges"] | self.masks[d, "ids"])) for d in DATA}
+        held = {d: self.masks[d, "setup"] | self.masks[d, "ranges"] | self.masks[d, "ids"] for d in DATA}
+        self.resident = {d: held[d] | self.extra[d] for d in DATA}
+        self.counts = {d: int(np.count_nonzero(held[d])) for d in DATA}
 
-    def apply(self, step) -> dict:
+    def apply(self, step, setup=False) -> dict:
         """Apply the step's residency change (leave, then enter) and return its load counts."""
-        load = dict.fromkeys(("load_feature_rows", "load_feature_pages", "load_feature_requests",
-                              "load_edges", "load_adjacency_pages"), 0)
+        load = dict.fromkeys(LOADS, 0)
         if not (step.leave_ranges or step.enter_ranges or len(step.leave_ids) or len(step.enter_ids)):
             return load
         for d in DATA:
@@ -121,8 +147,8 @@ class Residency:
             if d not in DATA:
                 raise UserError(f"unknown resident data {d!r}; expected one of {DATA}")
             for lo, hi in step.enter_ranges:
-                self.masks[d, "ranges"][lo:hi] = True
-            self.masks[d, "ids"][ids] = True
+                self.masks[d, "setup" if setup else "ranges"][lo:hi] = True
+            self.masks[d, "setup" if setup else "ids"][ids] = True
         if "features" in step.data:
             load["load_feature_rows"] = sum(hi - lo for lo, hi in step.enter_ranges) + len(ids)
             if step.scattered:          # HB−: the group's rows are one coalesced gather
@@ -134,10 +160,13 @@ class Residency:
                 load["load_feature_pages"] = sum(p for p, _ in reads) + lay.feature_pages(ids)[0]
                 load["load_feature_requests"] = sum(r for _, r in reads) + lay.feature_requests(ids)
         if "adjacency" in step.data:
+            listed = ids[self.deg[ids] > 0]
+            reads = [lay.range_list_reads(lo, hi) for lo, hi in step.enter_ranges] + \
+                ([lay.list_reads(listed)] if len(listed) else [])
             load["load_edges"] = (sum(int(lay.indptr[hi] - lay.indptr[lo]) for lo, hi in step.enter_ranges)
                                   + int(self.deg[ids].sum()))
-            load["load_adjacency_pages"] = (sum(lay.range_pages(lo, hi)[1] for lo, hi in step.enter_ranges)
-                                            + lay.adjacency_pages(ids)[0])
+            load["load_adjacency_pages"] = sum(p for p, _ in reads)
+            load["load_adjacency_requests"] = sum(r for _, r in reads)
         self._update()
         return load
 
@@ -155,22 +184,30 @@ def _reads(lay, resident, ids, data):
 def count_batch(lay, resident, blocks, history=None, used=None) -> dict:
     """Per-batch demand and disk reads of one sampled batch, given what is resident.
 
-    `used`: a `HistoryPlan` (OUTRE §4.3) of this batch; only the input rows and neighbour lists
-    its pruned computation uses are read. `history`: an ideal always-fresh history mask, counted
-    apart in the `*_hist` columns."""
-    import dgl
-    row = {"unique_l0": blocks[-1].num_dst_nodes()}
+    `used`: a `HistoryPlan` (OUTRE §4.3) of this batch; only the input rows its pruned computation
+    uses are read (the lists were read to sample it). `history`: an ideal always-fresh history mask,
+    counted apart in the `*_hist` columns (those count the lists a pruned sampling would read)."""
+    row = {"unique_l0": blocks[-1].num_dst}
     for h, blk in enumerate(reversed(blocks), 1):
-        row[f"unique_l{h}"] = blk.num_src_nodes()
-    inp, exp = blocks[0].srcdata[dgl.NID].numpy(), blocks[0].dstdata[dgl.NID].numpy()
+        row[f"unique_l{h}"] = blk.num_src
+    inp, exp = blocks[0].src_nodes, blocks[0].dst_nodes
     row["input_nodes"] = row["feature_rows_needed"] = len(inp)
-    read, lists = (inp, exp) if used is None else (inp[used.need], exp[used.expanded])
+    read = inp if used is None else inp[used.need]
     row["feature_rows_read"], row["feature_pages_read"], row["feature_runs"] = \
         _reads(lay, resident, read, "features")
     miss = np.sort(read)
     row["feature_requests"] = lay.feature_requests(miss[~resident["features"][miss]])
     row["neighbour_lists_needed"] = len(exp)
-    row["neighbour_lists_read"], row["neighbour_pages_read"], _ = _reads(lay, resident, lists, "adjacency")
+    row["neighbour_lists_read"] = row["neighbour_pages_read"] = row["neighbour_requests"] = 0
+    for i in range(len(blocks) - 1, -1, -1):      # the sampler's reads, layer by layer from the seeds:
+        known = blocks[i + 1].num_dst if i + 1 < len(blocks) else 0   # lists it has not brought yet
+        new = blocks[i].dst_nodes[known:]
+        miss = new[~resident["adjacency"][new] & (lay.indptr[new + 1] > lay.indptr[new])]
+        if len(miss):
+            pages, requests = lay.list_reads(miss)
+            row["neighbour_lists_read"] += len(miss)
+            row["neighbour_pages_read"] += pages
+            row["neighbour_requests"] += requests
     if used is not None:
         row["history_hits"] = used.hits
     if history is not None:
@@ -185,7 +222,7 @@ def count_batch(lay, resident, blocks, history=None, used=None) -> dict:
 
 
 def simulate(store, plan, fanouts=None, epochs=1, seed=0, feature_cache=None, neighbour_cache=None,
-             history=None, progress=True, g=None, **schedule_params) -> pd.DataFrame:
+             history=None, progress=True, **schedule_params) -> pd.DataFrame:
     """One row per batch of `epochs` epochs of a plan (`policies.make_plan`: any policy), or of a
     schedule (a Schedule, or a name + schedule_params) walked with `fanouts` and sampling `seed`.
 
@@ -194,22 +231,23 @@ def simulate(store, plan, fanouts=None, epochs=1, seed=0, feature_cache=None, ne
     with the plan's histories (OUTRE §4.3) only what a pruned batch uses is read, the histories'
     stamps refreshed as the executor's are. feature_cache / neighbour_cache: ids (or masks) always
     resident at no cost; history: ids (or a mask) of an ideal always-fresh history, counted apart in
-    the `*_hist` columns. `g`: the store's DGL graph, if already built. `df.attrs` also holds the
-    schedule, fanouts, seed and wall seconds.
+    the `*_hist` columns. `df.attrs` also holds the schedule, fanouts, seed and wall seconds.
     """
     plan = as_plan(store, plan, fanouts, seed, **schedule_params)
     if history is not None and plan.history is not None:
         raise UserError("this plan has its own histories; an ideal `history` would be counted twice")
-    g = store.graph() if g is None else g
     res = Residency(store, feature_cache, neighbour_cache)
-    setup = res.apply(plan.setup() or Step(seeds=np.empty(0, np.int64)))
+    setup = dict.fromkeys(LOADS, 0)
+    for step in plan.setup():
+        setup = {k: v + res.apply(step, setup=True)[k] for k, v in setup.items()}
     hist = None if history is None else _as_mask(history, store.num_nodes)
     stamps = None if plan.history is None else \
         HistoryStamps(plan.history.candidates, plan.history.staleness, store.num_nodes)
     rows, t0 = [], time.perf_counter()
     bar = tqdm(desc=f"simulate {plan.schedule.name}", unit="batch", disable=not progress, leave=False)
     loads = {}
-    for i, epoch, b, step, sample in sampled_steps(plan, Sampler(g, plan.fanouts, plan.seed), epochs,
+    for i, epoch, b, step, sample in sampled_steps(plan, Sampler(store.neighbour_lists(), plan.fanouts, plan.seed),
+                                                   epochs,
                                                    before=lambda i, step: loads.__setitem__(i, res.apply(step))):
         row = {"epoch": epoch, "batch": b, "group": step.group, "seeds": len(step.seeds),
                "visible_nodes": store.num_nodes if step.visible is None else len(step.visible)}

@@ -308,6 +308,22 @@ class Store:
     def degrees(self):
         return np.diff(self.indptr)
 
+    def index_slice(self, lo, hi) -> np.ndarray:
+        """indices.bin entries [lo, hi): a slice of the resident copy if there is one, else read."""
+        if "indices" in self.__dict__:
+            return self.indices[lo:hi]
+        isz = np.dtype(self.meta["index_dtype"]).itemsize
+        return np.fromfile(self.path / "indices.bin", dtype=self.meta["index_dtype"], count=int(hi - lo),
+                           offset=int(lo) * isz)
+
+    def neighbour_lists(self):
+        """Every neighbour list in RAM as the sampler's topology source (`topology.NeighbourLists`), for
+        analyses that walk a run without a plan's residency; built once per store object."""
+        if getattr(self, "_lists", None) is None:
+            from .topology import NeighbourLists
+            self._lists = NeighbourLists.resident(self)
+        return self._lists
+
     @property
     def topology_nbytes(self) -> int:
         """indptr + indices as stored (HierBatching App. B's B), from the metadata."""
@@ -319,7 +335,8 @@ class Store:
                            row_stride=self.row_stride, **kw)
 
     def graph(self):
-        """The topology as a DGL graph (CSC; the CSR is symmetric, so in = out neighbours); built once."""
+        """The topology as a DGL graph (CSC; the CSR is symmetric, so in = out neighbours), built once:
+        for DGL's algorithms (METIS) and oracle tests, never the training path."""
         if getattr(self, "_graph", None) is None:
             self._graph = self._build_graph()
         return self._graph

@@ -8,6 +8,7 @@ A neighbour cache holds whole neighbour lists, chosen by a score until its byte 
 """
 from __future__ import annotations
 
+import numba
 import numpy as np
 
 
@@ -42,3 +43,183 @@ def neighbour_cache(store, score, budget_bytes) -> np.ndarray:
     order = np.argsort(-np.asarray(score), kind="stable")
     sizes = np.cumsum(store.degrees()[order] * index_bytes)
     return order[:np.searchsorted(sizes, budget_bytes, side="right")]
+
+
+# ---- the sampler's source of neighbour lists ---------------------------------------------------
+@numba.njit(nogil=True, cache=True)
+def _spans_to_ids(starts, lens, total):
+    """Concatenated ranges starts[i] .. starts[i] + lens[i]: the entry ids of a set of lists."""
+    out = np.empty(total, np.int64)
+    pos = 0
+    for i in range(len(starts)):
+        for k in range(lens[i]):
+            out[pos + k] = starts[i] + k
+        pos += lens[i]
+    return out
+
+
+@numba.njit(nogil=True, cache=True)
+def _copy_spans(src, starts, lens, out, out_starts):
+    for i in range(len(starts)):
+        out[out_starts[i]:out_starts[i] + lens[i]] = src[starts[i]:starts[i] + lens[i]]
+
+
+def _exclusive_cumsum(a):
+    out = np.zeros(len(a), np.int64)
+    np.cumsum(a[:-1], out=out[1:])
+    return out
+
+
+class NeighbourLists:
+    """The store's neighbour lists as the sampler sees them (the topology source).
+
+    `indptr` is resident (int64 [N+1]). A list is resident in `buf` (the store's index width) at
+    `offset[v]`, or else read from indices.bin by `lists` through a DirectReader whose rows are the
+    index entries (one entry a row: the feature readers' coalescing and request rule, counted in
+    `stats` apart from feature reads). What is resident is decided outside, as for features: a
+    memory topology loads every list at setup (`offset` then is indptr itself); a disk topology holds
+    a plan's setup lists and the ranges its steps bring in (`read_ranges`/`point_ranges`/`drop_ranges`).
+    """
+
+    def __init__(self, store, capacity=None, reader=None):
+        from .direct import DirectReader
+        self.store, self.num_nodes = store, store.num_nodes
+        self.indptr = np.asarray(store.indptr, dtype=np.int64)
+        self.deg = np.diff(self.indptr)
+        self.dtype = np.dtype(store.meta["index_dtype"])
+        self.reader = reader or DirectReader(store.path / "indices.bin", store.num_edges, 1, dtype=self.dtype,
+                                             row_stride=self.dtype.itemsize)
+        capacity = store.num_edges if capacity is None else int(capacity)
+        self.buf = np.empty(capacity, dtype=self.dtype)
+        self.offset = np.full(self.num_nodes, -1, dtype=np.int64)
+        self.all_resident = False
+        self.fixed = (np.empty(0, np.int64), np.empty(0, np.int64))   # (sorted ids, offsets) placed for the run
+
+    @property
+    def stats(self):
+        return self.reader.stats
+
+    @property
+    def nbytes(self) -> int:
+        """Resident bytes: indptr, the list buffer and (unless every list is resident) the offset table."""
+        return self.indptr.nbytes + self.buf.nbytes + (0 if self.all_resident else self.offset.nbytes)
+
+    @classmethod
+    def resident(cls, store):
+        """Every list resident, from the store's own indices array (no reads counted)."""
+        lists = cls(store, capacity=0)
+        lists.buf, lists.offset, lists.all_resident = store.indices, lists.indptr[:-1], True
+        return lists
+
+    def view(self, reader):
+        """The same resident lists with another reader (evaluation: its reads are not the run's)."""
+        other = object.__new__(NeighbourLists)
+        other.__dict__.update(self.__dict__, reader=reader)
+        return other
+
+    # -- residency (the runtime applies a plan's steps) -----------------------------------------
+    def read_ranges(self, ranges, base) -> int:
+        """Read the lists of nodes [lo, hi) of each range into buf[base:], sequentially (range by range,
+        in `io.range_chunks` of entries); returns the entries written. May run in a loader thread."""
+        from .io import range_chunks
+        pos = base
+        for lo, hi in ranges:
+            a, b = int(self.indptr[lo]), int(self.indptr[hi])
+            for c, d in range_chunks(a, b, self.dtype.itemsize):
+                self.buf[pos:pos + d - c] = self.reader.read_range(c, d)[:, 0]
+                pos += d - c
+        return pos - base
+
+    def range_offsets(self, ranges, base):
+        """(nodes, offsets) the lists of `ranges` get when read at `base` (what `point_ranges` sets)."""
+        nodes = np.concatenate([np.arange(lo, hi, dtype=np.int64) for lo, hi in ranges]) if ranges else \
+            np.empty(0, np.int64)
+        return nodes, base + _exclusive_cumsum(self.deg[nodes]) if len(nodes) else nodes
+
+    def point_ranges(self, ranges, base):
+        if not self.all_resident:
+            nodes, offsets = self.range_offsets(ranges, base)
+            self.offset[nodes] = offsets
+
+    def drop_ranges(self, ranges):
+        """Drop the lists of nodes in `ranges`, but those resident for the run."""
+        if not self.all_resident:
+            for lo, hi in ranges:
+                self.offset[lo:hi] = -1
+            self.offset[self.fixed[0]] = self.fixed[1]
+
+    def place_ids(self, ids, base) -> int:
+        """Read the lists of scattered sorted `ids` (one coalesced gather) into buf[base:], resident for
+        the run (`fixed`: steps dropping ranges never drop them); returns the entries written."""
+        ids = np.asarray(ids, dtype=np.int64)
+        lens = self.deg[ids]
+        self.buf[base:base + lens.sum()] = self._read(ids)
+        self.offset[ids] = base + _exclusive_cumsum(lens)
+        ids, offsets = np.concatenate([self.fixed[0], ids]), np.concatenate([self.fixed[1], self.offset[ids]])
+        order = np.argsort(ids, kind="stable")
+        self.fixed = (ids[order], offsets[order])
+        return int(lens.sum())
+
+    def place_all(self):
+        """Every list resident (a memory topology): indices.bin read sequentially into buf."""
+        self.read_ranges([(0, self.num_nodes)], 0)
+        self.offset, self.all_resident = self.indptr[:-1], True
+
+    def _read(self, nodes) -> np.ndarray:
+        """The lists of `nodes`, concatenated in that order, read from indices.bin."""
+        lens = self.deg[nodes]
+        entries = _spans_to_ids(self.indptr[nodes], lens, int(lens.sum()))
+        return self.reader.read_rows(entries)[:, 0] if len(entries) else np.empty(0, self.dtype)
+
+    # -- what the sampler asks ------------------------------------------------------------------
+    def group_spans(self, nodes, ranges, base):
+        """spans(nodes) as they will be once `ranges` (read at `base`) are pointed at: what a loader
+        building the next group's subgraph sees before the main thread points them."""
+        if self.all_resident:
+            return self.spans(nodes)
+        starts = np.full(len(nodes), -1, np.int64)
+        for ids, offsets in (self.fixed, self.range_offsets(ranges, base)):   # the group's copy wins
+            pos = np.minimum(np.searchsorted(ids, nodes), max(len(ids) - 1, 0))
+            inside = (ids[pos] == nodes) if len(ids) else np.zeros(len(nodes), bool)
+            starts[inside] = offsets[pos[inside]]
+        if ((starts < 0) & (self.deg[nodes] > 0)).any():
+            raise ValueError("a visible node's list is neither in the group nor resident")
+        starts = np.where(starts < 0, 0, starts)
+        return starts, starts + self.deg[nodes]
+
+    def spans(self, nodes):
+        """(starts, ends) of resident `nodes`' lists in buf (every one must be resident or empty)."""
+        off = self.offset[nodes]
+        if (off < 0).any() and (self.deg[nodes[off < 0]] > 0).any():
+            raise ValueError("a list asked for as resident is not")
+        starts = np.where(off < 0, 0, off)
+        return starts, starts + self.deg[nodes]
+
+    def lists(self, nodes, known=0, prev=None):
+        """(starts, ends, buffer): the lists of `nodes` are buffer[starts[i]:ends[i]]. The first `known`
+        nodes are those of the previous call of the same batch (`prev`, its result): they are not read
+        again. Missing lists are read in one coalesced call; if there are none and every list is in
+        `buf`, `buf` itself is the buffer (no copy)."""
+        nodes = np.asarray(nodes, dtype=np.int64)
+        new = nodes[known:]
+        lens = self.deg[new]
+        off = self.offset[new]
+        missing = (off < 0) & (lens > 0)
+        off = np.where(off < 0, 0, off)
+        in_buf = prev is None or prev[2] is self.buf
+        if not missing.any() and in_buf:
+            starts = off if prev is None else np.concatenate([prev[0][:known], off])
+            return starts, starts + self.deg[nodes], self.buf
+        read = self._read(new[missing])                       # the batch's I/O of this layer
+        all_lens = self.deg[nodes]
+        out_starts = _exclusive_cumsum(all_lens)
+        out = np.empty(int(all_lens.sum()), self.dtype)
+        if known:
+            _copy_spans(prev[2], prev[0][:known], all_lens[:known], out, out_starts[:known])
+        here = ~missing
+        _copy_spans(self.buf, off[here], lens[here], out, out_starts[known:][here])
+        _copy_spans(read, _exclusive_cumsum(lens[missing]), lens[missing], out, out_starts[known:][missing])
+        return out_starts, out_starts + all_lens, out
+
+    def close(self):
+        self.reader.close()

@@ -17,6 +17,7 @@ import numba
 import numpy as np
 
 from .errors import UserError
+from .blocks import SAMPLER_VERSION
 from .io import PAGE, page_span
 
 DEFAULT_CACHE_DIR = Path(os.environ.get("OOCGNN_TRACE_CACHE",
@@ -290,21 +291,20 @@ def store_fingerprint(store) -> dict:
             "crc32": {k: v["crc32"] for k, v in sorted(files.items()) if k != "features.bin"}}
 
 
-def record_trace(store, schedule, fanouts, epochs=1, seed=0, cache_dir=None, progress=False, g=None,
+def record_trace(store, schedule, fanouts, epochs=1, seed=0, cache_dir=None, progress=False,
                  fmt=None, **schedule_params) -> Trace:
     """The access trace of `epochs` epochs of `schedule` over `store`, recorded once and cached.
 
     Replays the schedule exactly as `oocgnn.simulate.simulate` does (`sampler.sampled_steps` with a
     `Sampler(graph, fanouts, seed)`; a schedule given by name gets `seed` and `schedule_params`):
     iteration i is the i-th batch of the run; "features" holds its unique input ids
-    (blocks[0] srcdata NID, simulate's `input_nodes`), "neighbours" the nodes whose neighbour
-    lists it expanded (blocks[0] dstdata NID, `neighbour_lists_needed`). Demand only: what a
+    (blocks[0]'s sources, simulate's `input_nodes`), "neighbours" the nodes whose neighbour
+    lists it expanded (blocks[0]'s dst nodes, `neighbour_lists_needed`). Demand only: what a
     schedule keeps resident is not subtracted. Keyed by the store's content
-    (`store_fingerprint`), the schedule's repr, fanouts, epochs and seed in `cache_dir`
+    (`store_fingerprint`), the schedule's repr, fanouts, epochs, seed and the sampler's version in `cache_dir`
     (default data/traces; False = no cache). fmt: "npz", or "dir" (memory-mapped; the default
     from 1M nodes on).
     """
-    import dgl
     from tqdm.auto import tqdm
 
     from .sampler import Sampler, sampled_steps
@@ -315,15 +315,16 @@ def record_trace(store, schedule, fanouts, epochs=1, seed=0, cache_dir=None, pro
     elif schedule_params:
         raise UserError("schedule parameters go with a schedule name, not a Schedule object")
     key = {"name": f"{store.meta.get('name', 'store')}-{schedule.name}", "store": store_fingerprint(store),
-           "schedule": repr(schedule), "fanouts": fanouts, "epochs": int(epochs), "seed": int(seed)}
+           "schedule": repr(schedule), "fanouts": fanouts, "epochs": int(epochs), "seed": int(seed),
+           "sampler": SAMPLER_VERSION}
 
     def build():
-        graph = store.graph() if g is None else g
         feats, nbrs = [], []
         bar = tqdm(desc=f"trace {schedule.name}", unit="batch", disable=not progress, leave=False)
-        for _, _, _, _, sample in sampled_steps(schedule, Sampler(graph, fanouts, seed), int(epochs)):
+        for _, _, _, _, sample in sampled_steps(schedule, Sampler(store.neighbour_lists(), fanouts, seed),
+                                                int(epochs)):
             feats.append(sample.input_nodes)
-            nbrs.append(sample.blocks[0].dstdata[dgl.NID].numpy())   # ⊇ every later block's dst
+            nbrs.append(sample.blocks[0].dst_nodes)                  # ⊇ every later block's dst
             bar.update()
         bar.close()
         return Trace.from_batches(feats, store.num_nodes, row_stride=store.row_stride,

@@ -21,7 +21,6 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
-import dgl
 import numpy as np
 import pandas as pd
 import torch
@@ -70,16 +69,16 @@ class _Timers:
 def _seed_everything(seed: int):
     np.random.seed(seed)
     torch.manual_seed(seed)
-    dgl.seed(seed)
 
 
-def evaluate(model, sampler, gather, labels, nodes, batch_size, seed=0) -> float:
-    """Accuracy of sampled mini-batch inference on `nodes` (features through `gather`)."""
+def evaluate(model, sampler, gather, labels, nodes, batch_size) -> float:
+    """Accuracy of sampled mini-batch inference on `nodes` (features through `gather`); batch i is
+    sampled with the sampler's key (seed, 0, i), the same at every evaluation."""
     model.eval()
     correct = 0
     with torch.no_grad():
         for i, lo in enumerate(range(0, len(nodes), batch_size)):
-            input_nodes, output_nodes, blocks = sampler.sample(nodes[lo:lo + batch_size], dgl_seed=seed + i)
+            input_nodes, output_nodes, blocks = sampler.sample(nodes[lo:lo + batch_size], 0, i)
             pred = model(blocks, gather(input_nodes)).argmax(1)
             correct += int((pred == labels[torch.from_numpy(output_nodes)]).sum())
     model.train()
@@ -107,19 +106,16 @@ def train(cfg: TrainConfig) -> dict:
         torch.set_num_threads(cfg.threads)
     _seed_everything(cfg.seed)
     plan = make_plan(store, cfg)
-    g = store.graph()
-    sampler = Sampler(g, plan.fanouts, plan.seed)
-    runtime = Runtime(store, plan, sampler)
+    runtime = Runtime(store, plan)
+    sampler = runtime.sampler
     (run_dir / "config.json").write_text(json.dumps({
         **cfg.to_dict(), "store_meta": {k: store.meta[k] for k in
                                         ("name", "num_nodes", "num_edges", "feat_dim", "num_parts")},
-        "policy_memory": plan.memory(), "schedule": repr(plan.schedule),
-        "host": {"python": platform.python_version(), "torch": torch.__version__,
-                 "dgl": dgl.__version__, "cpus": os.cpu_count(),
+        "policy_memory": plan.memory(), "schedule": repr(plan.schedule), "topology": plan.topology,
+        "host": {"python": platform.python_version(), "torch": torch.__version__, "cpus": os.cpu_count(),
                  "loadavg": open("/proc/loadavg").read().split()[:3]}}, indent=2) + "\n")
 
     labels = torch.from_numpy(store.labels)
-    eval_sampler = Sampler(g, [int(f) for f in cfg.eval_fanouts.split(",")])
     model = build_model(cfg.model, store.feat_dim, cfg.hidden, store.num_classes, cfg.layers, cfg.dropout)
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
     eval_sets = {}
@@ -142,8 +138,8 @@ def train(cfg: TrainConfig) -> dict:
         nonlocal loss_sum, loss_n
         before = runtime.io()
         with timers("eval"):
-            accs = {s: evaluate(model, eval_sampler, runtime.eval_rows, labels, ids,
-                                cfg.eval_batch_size, seed=cfg.seed + 7) for s, ids in eval_sets.items()}
+            accs = {s: evaluate(model, eval_sampler, runtime.eval_rows, labels, ids, cfg.eval_batch_size)
+                    for s, ids in eval_sets.items()}
         if runtime.eval_reader is None:            # else a background load may be what was read
             excluded.__iadd__(runtime.io() - before)
         io = runtime.io() - excluded
@@ -160,8 +156,9 @@ def train(cfg: TrainConfig) -> dict:
                          before=timers.timed("load", lambda i, step: runtime.before(step, next_load[i])))
     with runtime.memory_cap():
         runtime.setup()                            # run-long residents: outside the timed epochs
-        setup_io = runtime.io()
+        setup_io, setup_topology_io = runtime.io(), runtime.topology_io()
         excluded += setup_io
+        eval_sampler = Sampler(runtime.eval_topology, [int(f) for f in cfg.eval_fanouts.split(",")], cfg.seed + 7)
         log_eval(0, 0)                             # accuracy at time 0; also part of the warm-up
         setup_s = time.perf_counter() - t_enter
         io0, t0 = runtime.io(), time.perf_counter()
@@ -188,12 +185,14 @@ def train(cfg: TrainConfig) -> dict:
                     or i + 1 == len(steps):
                 accs = log_eval(epoch, i + 1)
                 bar.set_postfix(val=f"{accs['val']:.3f}", loss=f"{rows[-1]['train_loss']:.3f}")
+            steps[i] = next_load[i] = None         # a finished group's visible set can go
             io0, t0 = runtime.io(), time.perf_counter()
         if len(steps) < WARMUP_STEPS:
             runtime.end_warmup()
     bar.close()
     cap_record = runtime.cap_record()
     io = runtime.io() - excluded
+    topology_io = runtime.topology_io() - setup_topology_io
     reader = type(runtime.cached.reader).__name__
     runtime.close()
 
@@ -215,6 +214,8 @@ def train(cfg: TrainConfig) -> dict:
         "time_to_target_s": float(reached["wall_s"].iloc[0]) if len(reached) else None,
         "io": {**io.as_dict(), "reader": reader},
         "io_setup": setup_io.as_dict(),
+        "topology": plan.topology, "topology_io": topology_io.as_dict(),
+        "topology_io_setup": setup_topology_io.as_dict(),
         "io_excluded": (excluded - setup_io).as_dict(),
         "memory": plan.memory(), "resident_bytes": plan.resident_bytes(),
         "memory_budget": cfg.memory_budget_bytes, "memory_cap": cap_record, "peak_rss": peak_rss(),

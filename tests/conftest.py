@@ -1,10 +1,5 @@
 """Shared fixtures: small stores written once per session, and the ../shared datasets path."""
-import os
 from pathlib import Path
-
-# DGL's OpenMP neighbour sampling is only reproducible on one thread; oracle tests compare
-# runs step by step, so the suite runs single-threaded (set before torch/dgl load).
-os.environ["OMP_NUM_THREADS"] = "1"
 
 import pytest
 

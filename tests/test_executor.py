@@ -13,21 +13,31 @@ from oocgnn.simulate import simulate, summarize
 from oocgnn.train import train
 
 # each policy at settings that make it do its thing on the tiny store (16 FENNEL parts); variants
-# reach the other paths: no pipelining with fractional passes, the frequency cache, two epochs
+# reach the other paths: the topology on disk, no pipelining with fractional passes, the frequency cache
 RUNS = {
     "inmemory": {},
     "mmap": {"memory_budget": "32MB"},
+    "mmap-disk": {"policy": "mmap", "memory_budget": "32MB", "topology": "disk"},
     "hierbatching": {"parts_per_megabatch": 4, "static_ratio": 0.02, "passes": 2.0},
+    "hierbatching-disk": {"policy": "hierbatching", "parts_per_megabatch": 4, "static_ratio": 0.02,
+                          "passes": 2.0, "topology": "disk"},
     "hierbatching-sync": {"policy": "hierbatching", "parts_per_megabatch": 3, "static_ratio": 0.0,
-                          "passes": 1.5, "pipeline": False},
+                          "passes": 1.5, "pipeline": False, "topology": "disk"},
     "outre": {"parts_per_macro": 4, "memory_budget": "1MB", "history_ratio": 0.2, "staleness": 5},
-    "outre-frequency": {"policy": "outre", "parts_per_macro": 4, "memory_budget": "600KB", "history_ratio": 0.1,
-                        "history_by": "degree", "feature_cache": "frequency", "staleness": 1000},
+    "outre-disk": {"policy": "outre", "parts_per_macro": 4, "memory_budget": "1MB", "history_ratio": 0.2,
+                   "staleness": 5, "topology": "disk"},
+    "outre-frequency": {"policy": "outre", "parts_per_macro": 4, "memory_budget": "900KB", "history_ratio": 0.1,
+                        "history_by": "degree", "feature_cache": "frequency", "staleness": 1000,
+                        "topology": "disk"},
 }
 
 
 def test_runs_cover_the_registry():
     assert {kw.get("policy", name) for name, kw in RUNS.items()} == set(POLICIES)
+    topologies = {}
+    for name, kw in RUNS.items():
+        topologies.setdefault(kw.get("policy", name), set()).add(kw.get("topology", "auto"))
+    assert all("disk" in t for p, t in topologies.items() if p != "inmemory"), "each on a disk topology too"
 
 
 def _cfg(store, tmp_path, **kw):
@@ -43,7 +53,12 @@ def _simulated(store, cfg):
 
 
 def _assert_agree(run, sim, setup, exact):
-    """Executed training and setup reads against the simulation of the same plan."""
+    """Executed training and setup reads, of features and of the topology, against the simulation of
+    the same plan."""
+    assert run["topology_io"]["pages"] == sim["neighbour_pages_read"] + sim["load_adjacency_pages"]
+    assert run["topology_io"]["requests"] == sim["neighbour_requests"] + sim["load_adjacency_requests"]
+    assert run["topology_io_setup"]["pages"] == setup["load_adjacency_pages"]
+    assert run["topology_io_setup"]["requests"] == setup["load_adjacency_requests"]
     pages = sim["feature_pages_read"] + sim["load_feature_pages"]
     requests = sim["feature_requests"] + sim["load_feature_requests"]
     if not exact:                                     # the page cache only saves reads
@@ -71,13 +86,22 @@ def test_executed_io_equals_simulated(fennel16, tmp_path, name):
 
 @pytest.mark.parametrize("name", RUNS)
 def test_memory_comes_from_the_plan(fennel16, tmp_path, name):
-    """What the plan declares resident is what the runtime allocates, before anything is read."""
+    """What the plan declares resident is what the runtime allocates, before anything is read; the
+    subgraphs a group induces stay inside the plan's bound for them."""
     cfg = _cfg(fennel16, tmp_path, **{"policy": name, **RUNS[name]})
     plan = make_plan(fennel16, cfg)
     declared = plan.memory()
-    runtime = Runtime(fennel16, plan, Sampler(fennel16.graph(), plan.fanouts, plan.seed))
+    runtime = Runtime(fennel16, plan)
+    induced = declared.pop("induced", None)
     assert runtime.memory() == declared
-    assert runtime.io().calls == 0, "building the runtime reads no features"
+    assert runtime.io().calls == runtime.topology_io().calls == 0, "building the runtime reads nothing"
+    runtime.setup()
+    for i, (_, _, step) in enumerate(plan.steps(1)):
+        if step.enter_ranges:
+            runtime.before(step, None)
+        if induced is not None and step.visible is not None:
+            indptr, indices = runtime.sampler._subgraph
+            assert plan.buffers() * (indptr.nbytes + indices.nbytes) <= induced
     runtime.close()
 
 
@@ -111,14 +135,14 @@ def test_hierbatching_with_every_node_static_samples_the_full_graph(fennel16, tm
     cfg = _cfg(fennel16, tmp_path, policy="hierbatching", parts_per_megabatch=16, static_ratio=1.0,
                static_scope="all", passes=1.0, epochs=1)
     plan = make_plan(fennel16, cfg)
-    sampler = Sampler(fennel16.graph(), plan.fanouts, plan.seed)
+    sampler = Sampler(fennel16.neighbour_lists(), plan.fanouts, plan.seed)
     steps = list(plan.steps(1))
     assert steps and all(len(s.visible) == fennel16.num_nodes for _, _, s in steps)
     for e, b, s in steps:
         inside, whole = sampler.sample(s.seeds, e, b, s.visible), sampler.sample(s.seeds, e, b)
         np.testing.assert_array_equal(inside.input_nodes, whole.input_nodes)
         for x, y in zip(inside.blocks, whole.blocks):
-            np.testing.assert_array_equal(x.edges()[0].numpy(), y.edges()[0].numpy())
+            np.testing.assert_array_equal(x.indices, y.indices)
     run = train(cfg)
     assert run["io_setup"]["rows"] == run["io"]["rows"] == fennel16.num_nodes
     assert run["io"]["calls"] == 1, "the 16 adjacent parts are one range read; no batch reads a row"

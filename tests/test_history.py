@@ -2,17 +2,16 @@
 import copy
 import dataclasses
 
-import dgl
 import numpy as np
 import pytest
 import torch
 
 from oocgnn.errors import UserError
-from oocgnn.history import HistoryCache, forward_with_history
+from oocgnn.history import HistoryCache, forward_with_history, history_prune
 from oocgnn.models import build_model
 from oocgnn.redundancy import history_nodes
 from oocgnn.sampler import Sampler
-from oocgnn.simulate import Layout, count_batch, history_prune
+from oocgnn.simulate import Layout, count_batch
 
 HIDDEN = 16
 MODELS = [(m, L) for m in ("sage", "gat", "gin") for L in (2, 3)]
@@ -21,7 +20,7 @@ MODELS = [(m, L) for m in ("sage", "gat", "gin") for L in (2, 3)]
 @pytest.fixture(scope="module")
 def env(tiny_store):
     x = torch.from_numpy(tiny_store.reader("memory").read_range(0, tiny_store.num_nodes))
-    return tiny_store, tiny_store.graph(), x, history_nodes(tiny_store, 0.3, by="degree")
+    return tiny_store, tiny_store.neighbour_lists(), x, history_nodes(tiny_store, 0.3, by="degree")
 
 
 def _batch(env, layers, b=0, size=64):
@@ -65,8 +64,8 @@ def test_second_meeting_skips_and_pulls_the_cached_row(env, name, layers):
         assert p0.hits == 0
         forward_with_history(model, p0, x, cache)
     p1 = cache.plan(blocks, 1)
-    hop1 = blocks[-1].srcdata[dgl.NID].numpy()
-    k = blocks[-1].num_dst_nodes()
+    hop1 = blocks[-1].src_nodes
+    k = blocks[-1].num_dst
     expect = p0.push.copy()
     expect[:k] = False                                        # seeds are never skipped
     assert np.array_equal(p1.skipped, expect) and p1.hits > 0
@@ -83,7 +82,7 @@ def test_second_meeting_skips_and_pulls_the_cached_row(env, name, layers):
     poisoned.emb[torch.from_numpy(p1.skip_slots)] += 10.0
     with torch.no_grad():
         bad = forward_with_history(model, p1, x, poisoned)
-    src, dst = (e.numpy() for e in blocks[-1].edges())
+    src, dst = blocks[-1].edges()
     touched = np.zeros(k, dtype=bool)
     touched[dst[p1.skipped[src]]] = True
     assert touched.any()
@@ -132,13 +131,15 @@ def test_plan_matches_simulate(env, layers):
         row = count_batch(lay, resident, blocks, history=fresh)
         assert plan.input_rows == row["input_nodes_hist"] == len(plan.input_ids)
         assert plan.hits == row["history_hits"]
-        assert np.array_equal(plan.input_ids, blocks[0].srcdata[dgl.NID].numpy()[need])
+        assert np.array_equal(plan.input_ids, blocks[0].src_nodes[need])
         for i, (pb, blk) in enumerate(zip(plan.pruned_blocks[:-1], blocks[:-1])):
             keep = history_prune(blocks[i:], fresh)[1]         # expanded dst of block i
-            assert (pb.num_src_nodes(), pb.num_dst_nodes()) == (blk.num_src_nodes(), blk.num_dst_nodes())
-            deg = pb.in_degrees().numpy()
-            assert np.array_equal(deg[keep], blk.in_degrees().numpy()[keep]) and (deg[~keep] == 0).all()
-            assert torch.equal(pb.srcdata[dgl.NID], blk.srcdata[dgl.NID])
+            assert (pb.num_src, pb.num_dst) == (blk.num_src, blk.num_dst)
+            deg, full = np.diff(pb.indptr), np.diff(blk.indptr)
+            assert np.array_equal(deg[keep], full[keep]) and (deg[~keep] == 0).all()
+            kept = np.repeat(keep, full)                       # the kept edges, in order
+            assert np.array_equal(pb.indices, blk.indices[kept])
+            assert np.array_equal(pb.src_nodes, blk.src_nodes)
         assert plan.pruned_blocks[-1] is blocks[-1]
         with torch.no_grad():
             forward_with_history(model, plan, x, cache)

@@ -1,20 +1,13 @@
-"""Schedules: one contract over every policy, plus each policy's own guarantees, and the shared sampler."""
+"""Schedules: one contract over every policy, plus each policy's own guarantees."""
 import numpy as np
 import pytest
-import torch
 
 from oocgnn.errors import UserError
-from oocgnn.sampler import Sampler, batch_seed, induced_csc
 from oocgnn.schedules import SCHEDULES, Step, make_schedule
 
 PARAMS = {"random": {"batch_size": 64},
           "partition": {"batch_size": 64, "n_per_macro": 3},
           "megabatch": {"batch_size": 64, "parts_per_megabatch": 4, "static_ratio": 0.02}}
-
-
-@pytest.fixture(scope="module")
-def graph(parted):
-    return parted.graph()
 
 
 def _steps(store, name, epoch=0, **kw):
@@ -120,58 +113,6 @@ def test_megabatch_static_cache_and_visible(parted, scope):
             nbrs = np.concatenate([parted.indices[parted.indptr[v]:parted.indptr[v + 1]] for v in group])
             want = static if scope == "all" else np.intersect1d(static, nbrs)
             np.testing.assert_array_equal(s.visible, np.union1d(group, want))
-
-
-def test_megabatch_sampling_never_leaves_visible(parted, graph):
-    edges = set(zip(np.repeat(np.arange(parted.num_nodes), parted.degrees()).tolist(),
-                    parted.indices.tolist()))
-    import dgl
-    for s in _steps(parted, "megabatch")[:12]:
-        inp, out, blocks = Sampler(graph, [5, 5]).sample(s.seeds, visible=s.visible, dgl_seed=1)
-        np.testing.assert_array_equal(out, s.seeds)
-        assert np.isin(inp, s.visible).all()
-        for b in blocks:
-            src, dst = b.edges()
-            gs, gd = b.srcdata[dgl.NID][src].numpy(), b.dstdata[dgl.NID][dst].numpy()
-            assert np.isin(gs, s.visible).all() and np.isin(gd, s.visible).all()
-            assert all(e in edges for e in zip(gs.tolist(), gd.tolist())), "global ids map back to real edges"
-        np.testing.assert_array_equal(blocks[0].srcdata[dgl.NID].numpy(), inp)
-
-
-def test_sampler_seeded_per_batch_and_checks_visible(parted, graph):
-    seeds = parted.train_idx[:50]
-    sampler = Sampler(graph, [10, 10], seed=0)
-    a = sampler.sample(seeds, 0, 3).input_nodes
-    sampler.sample(seeds, 0, 4)                                        # consume the RNG in between
-    Sampler(graph, [10, 10], seed=9).sample(seeds, 0, 3)               # another sampler, too
-    np.testing.assert_array_equal(a, sampler.sample(seeds, 0, 3).input_nodes)
-    assert not np.array_equal(a, sampler.sample(seeds, 0, 4).input_nodes)
-    dgl_seeded = Sampler(graph, [10, 10]).sample(seeds, dgl_seed=batch_seed(0, 0, 3)).input_nodes
-    np.testing.assert_array_equal(a, dgl_seeded)
-    with pytest.raises(UserError):
-        sampler.sample(seeds, visible=np.arange(10, dtype=np.int64))
-
-
-@pytest.mark.parametrize("size", [1, 37, 2500, "all"])
-def test_induced_csc_is_dgl_node_subgraph(graph, size):
-    """The fast induced subgraph is exactly DGL's (same neighbour order, so the same samples)."""
-    import dgl
-    n = graph.num_nodes()
-    visible = np.arange(n) if size == "all" else np.sort(np.random.default_rng(size).choice(n, size, replace=False))
-    indptr, indices = induced_csc(graph, visible)
-    sg = dgl.node_subgraph(graph, torch.from_numpy(visible))
-    want = sg.adj_tensors("csc")
-    np.testing.assert_array_equal(indptr, want[0].numpy())
-    np.testing.assert_array_equal(indices, want[1].numpy())
-    local = np.arange(max(1, len(visible) // 10))
-    dgl.seed(3)
-    want_in = dgl.dataloading.NeighborSampler([5, 5]).sample(sg, torch.from_numpy(local))[0]
-    for induced in (None, (indptr, indices)):                 # a new `visible` object: rebuilt
-        sampler, vis = Sampler(graph, [5, 5]), visible.copy()
-        if induced is not None:
-            sampler.prepare(vis, induced)
-        got_in = sampler.sample(visible[local], visible=vis, dgl_seed=3).input_nodes
-        np.testing.assert_array_equal(got_in, visible[want_in.numpy()])
 
 
 @pytest.mark.parametrize("name,kw", [("nope", {}), ("random", {"batch_size": 0}),

@@ -1,5 +1,4 @@
 """The simulator against brute force: page counts, residency, loads, and per-epoch summaries."""
-import dgl
 import numpy as np
 import pytest
 
@@ -38,13 +37,26 @@ def _pages_brute(store, rows):
     return len(pages)
 
 
-def _adj_pages_brute(store, nodes):
+def _adj_page_set(store, nodes):
     isz, pages = np.dtype(store.meta["index_dtype"]).itemsize, set()
     for v in nodes:
         a, b = int(store.indptr[v]) * isz, int(store.indptr[v + 1]) * isz
         if b > a:
             pages.update(range(a // PAGE, (b - 1) // PAGE + 1))
-    return len(pages)
+    return pages
+
+
+def _adj_pages_brute(store, nodes):
+    return len(_adj_page_set(store, nodes))
+
+
+def _adj_requests_brute(store, nodes):
+    """One request per run of consecutive pages, split every 128 KiB (32 pages) from the run's start."""
+    pages, requests, run = sorted(_adj_page_set(store, nodes)), 0, 0
+    for i, p in enumerate(pages):
+        run = run + 1 if i and p == pages[i - 1] + 1 else 1
+        requests += (run - 1) % 32 == 0
+    return requests
 
 
 def test_page_union_brute_force():
@@ -81,22 +93,26 @@ def _residents(store, schedule, epoch=0):
 def test_batch_counts_match_brute_force(store, name, kw):
     sch = make_schedule(name, store, batch_size=40, seed=1, **kw)
     df = simulate(store, sch, FAN, seed=5, progress=False)
-    g = store.graph()
     steps = _residents(store, sch)
     assert len(df) == len(steps)
     for (s, feat, adj), row in zip(steps, df.itertuples()):
-        inp, out, blocks = Sampler(g, FAN, 5).sample(s.seeds, 0, row.batch, s.visible)
-        exp = blocks[0].dstdata[dgl.NID].numpy()
+        inp, out, blocks = Sampler(store.neighbour_lists(), FAN, 5).sample(s.seeds, 0, row.batch, s.visible)
+        exp = blocks[0].dst_nodes
         assert row.seeds == len(s.seeds) == row.unique_l0
         assert row.input_nodes == row.feature_rows_needed == len(set(inp.tolist())) == row.unique_l2
-        assert row.unique_l1 == len(set(blocks[1].srcdata[dgl.NID].tolist()))
+        assert row.unique_l1 == len(set(blocks[1].src_nodes.tolist()))
         miss = [v for v in inp if not feat[v]]
         assert row.feature_rows_read == len(miss)
         assert row.feature_pages_read == _pages_brute(store, miss)
         lists = [v for v in exp if not adj[v] and store.indptr[v + 1] > store.indptr[v]]
         assert row.neighbour_lists_needed == len(exp)
         assert row.neighbour_lists_read == len(lists)
-        assert row.neighbour_pages_read == _adj_pages_brute(store, lists)
+        pages = requests = 0                      # the sampler reads each layer's new lists in one call
+        for i in range(len(blocks) - 1, -1, -1):
+            known = blocks[i + 1].num_dst if i + 1 < len(blocks) else 0
+            new = [v for v in blocks[i].dst_nodes[known:] if v in set(lists)]
+            pages, requests = pages + _adj_pages_brute(store, new), requests + _adj_requests_brute(store, new)
+        assert row.neighbour_pages_read == pages and row.neighbour_requests == requests
 
 
 def test_megabatch_reads_each_part_once_per_epoch(store):
