@@ -6,7 +6,6 @@ VENV := .venv
 PY := $(VENV)/bin/python
 OOCGNN := $(VENV)/bin/oocgnn
 STAMP := $(VENV)/.installed
-export OMP_NUM_THREADS ?= 2
 
 .PHONY: run test venv notebooks clean-runs help
 

@@ -3,8 +3,6 @@ are the reference nbval checks, so mark every code cell with outputs as run befo
 import os
 import tempfile
 
-# DGL's OpenMP sampling is reproducible only on one thread; kernels inherit this environment.
-os.environ["OMP_NUM_THREADS"] = "1"
 # checking a notebook must not rewrite the committed figures/ (timings differ run to run)
 os.environ.setdefault("OOCGNN_FIGURES", tempfile.mkdtemp(prefix="oocgnn-figures-"))
 

@@ -2,11 +2,10 @@
 
 Usage: python notebooks/refresh.py [NOTEBOOK ...]   (default: every notebooks/NN_*.ipynb)
 
-Runs each notebook top to bottom with OMP_NUM_THREADS=1 (DGL sampling is reproducible only on
-one thread, and nbval compares the stored outputs), then drops execution counts and volatile
-metadata so the committed notebooks stay clean.
+Runs each notebook top to bottom (samples are the same at any thread count; nbval compares the
+stored outputs), then drops execution counts and volatile metadata so the committed notebooks
+stay clean.
 """
-import os
 import sys
 from pathlib import Path
 
@@ -18,7 +17,6 @@ HERE = Path(__file__).resolve().parent
 
 def refresh(path: Path):
     nb = nbformat.read(path, as_version=4)
-    os.environ["OMP_NUM_THREADS"] = "1"
     NotebookClient(nb, timeout=1800, kernel_name="python3",
                    resources={"metadata": {"path": str(HERE)}}).execute()
     for cell in nb.cells:
