@@ -13,7 +13,7 @@ and the random 4 KiB read limit of indices.bin with many requests in flight (the
 benchmarks/io.py). Prints medians per batch, ours/DGL speed ratios (target >= 1.5x in memory) and the
 disk sampler's read rate against the limit (target >= 0.8x), with the machine load.
 
-    .venv/bin/python benchmarks/sampler.py [--preset large] [--batches 20] [--batch-size 1024]
+    .venv/bin/python benchmarks/sampler.py [--preset large] [--batches 50] [--batch-size 1024]
         [--fanouts 10,10] [--threads 1,2] [--data data/]
 """
 import argparse
@@ -81,7 +81,7 @@ def main(argv=None):
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog=__doc__.split("\n\n", 1)[1])
     ap.add_argument("--preset", default="large", help="synthetic preset of data/<preset> (default large)")
-    ap.add_argument("--batches", type=int, default=20, help="batches timed per configuration (default 20)")
+    ap.add_argument("--batches", type=int, default=50, help="batches timed per configuration (default 50)")
     ap.add_argument("--batch-size", type=int, default=1024, help="seeds per batch (default 1024)")
     ap.add_argument("--fanouts", default="10,10", help="per-layer fanouts (default 10,10)")
     ap.add_argument("--threads", default="1,2", help="thread counts to measure (default 1,2)")
@@ -107,11 +107,11 @@ def main(argv=None):
           f"{args.batch_size} seeds, fanouts {fanouts}", flush=True)
     memory = NeighbourLists.resident(store)
     g = store.graph()
-    dgl_sampler = dgl.dataloading.NeighborSampler(fanouts)
+    dgl_sampler, our_sampler = dgl.dataloading.NeighborSampler(fanouts), Sampler(memory, fanouts, 7)
     inputs = {"ours": [], "dgl": []}
 
     def ours(i, seeds):
-        inputs["ours"].append(len(Sampler(memory, fanouts, 7).sample(seeds, 0, i).input_nodes))
+        inputs["ours"].append(len(our_sampler.sample(seeds, 0, i).input_nodes))
 
     def theirs(i, seeds):
         dgl.seed(i)

@@ -23,7 +23,6 @@ from .errors import UserError
 from .history import HistoryCache, NoHistory
 from .io import IOStats, drop_file_cache, range_chunks
 from .memcap import MemoryCap
-from .direct import DirectReader
 from .resident import CachedReader
 from .sampler import Sampler, induced_csc
 from .schedules import _ids_of_ranges
@@ -206,9 +205,7 @@ class Runtime:
                     raise UserError("plans keep whole lists in setup ranges only for every node")
                 entries += self.topology.place_ids(step.enter_ids, entries) if len(step.enter_ids) else 0
         if self.eval_topology is None:                # disk: evaluation reads lists through its own reader
-            self.eval_topology = self.topology.view(DirectReader(
-                self.store.path / "indices.bin", self.store.num_edges, 1, dtype=self.topology.dtype,
-                row_stride=self.topology.dtype.itemsize))
+            self.eval_topology = self.topology.view(NeighbourLists.index_reader(self.store))
 
     def before(self, step, next_load):
         """Apply the step's residency change before its batch is sampled; `next_load` (the next step

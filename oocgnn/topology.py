@@ -12,20 +12,29 @@ import numba
 import numpy as np
 
 
+def _chunks(store):
+    """(lo, hi, lists of nodes lo..hi-1) streamed from indices.bin: O(N + chunk) memory."""
+    from .partition import CSRSource
+    return CSRSource.of(store).chunks()
+
+
 def ginex_score(store) -> np.ndarray:
     """float [N]: out-degree / in-degree (0 for a node no list contains): Ginex's neighbour-cache order.
     On a symmetric CSR every node with neighbours scores 1, so ties (broken by id) decide."""
-    out_deg = np.diff(store.indptr)
-    in_deg = np.bincount(store.indices, minlength=store.num_nodes)
-    return out_deg / np.maximum(in_deg, 1)
+    in_deg = np.zeros(store.num_nodes, dtype=np.int64)
+    for _, _, idx in _chunks(store):
+        in_deg += np.bincount(idx, minlength=store.num_nodes)
+    return np.diff(store.indptr) / np.maximum(in_deg, 1)
 
 
 def cross_partition_degree(store) -> np.ndarray:
     """int64 [N]: neighbours of each node that lie in another of the store's partitions (OUTRE §4.2)."""
-    part_of = np.repeat(np.arange(store.num_parts), np.diff(store.part_offsets))
-    src = np.repeat(np.arange(store.num_nodes), np.diff(store.indptr))
-    return np.bincount(src, weights=part_of[store.indices] != part_of[src],
-                       minlength=store.num_nodes).astype(np.int64)
+    part_of = np.repeat(np.arange(store.num_parts, dtype=np.int32), np.diff(store.part_offsets))
+    deg, out = store.degrees(), np.zeros(store.num_nodes, dtype=np.int64)
+    for lo, hi, idx in _chunks(store):
+        src = np.repeat(np.arange(lo, hi), deg[lo:hi])
+        out[lo:hi] = np.bincount(src - lo, weights=part_of[idx] != part_of[src], minlength=hi - lo)
+    return out
 
 
 def neighbour_scores(store, seed=0) -> dict:
@@ -64,6 +73,9 @@ def _copy_spans(src, starts, lens, out, out_starts):
         out[out_starts[i]:out_starts[i] + lens[i]] = src[starts[i]:starts[i] + lens[i]]
 
 
+LIST_READ_THREADS = 64    # lists are small and scattered: one page a request, so many in flight
+
+
 def _exclusive_cumsum(a):
     out = np.zeros(len(a), np.int64)
     np.cumsum(a[:-1], out=out[1:])
@@ -82,13 +94,11 @@ class NeighbourLists:
     """
 
     def __init__(self, store, capacity=None, reader=None):
-        from .direct import DirectReader
         self.store, self.num_nodes = store, store.num_nodes
         self.indptr = np.asarray(store.indptr, dtype=np.int64)
         self.deg = np.diff(self.indptr)
         self.dtype = np.dtype(store.meta["index_dtype"])
-        self.reader = reader or DirectReader(store.path / "indices.bin", store.num_edges, 1, dtype=self.dtype,
-                                             row_stride=self.dtype.itemsize)
+        self.reader = reader or self.index_reader(store)
         capacity = store.num_edges if capacity is None else int(capacity)
         self.buf = np.empty(capacity, dtype=self.dtype)
         self.offset = np.full(self.num_nodes, -1, dtype=np.int64)
@@ -103,6 +113,14 @@ class NeighbourLists:
     def nbytes(self) -> int:
         """Resident bytes: indptr, the list buffer and (unless every list is resident) the offset table."""
         return self.indptr.nbytes + self.buf.nbytes + (0 if self.all_resident else self.offset.nbytes)
+
+    @staticmethod
+    def index_reader(store):
+        """A DirectReader whose rows are indices.bin's entries, with many small reads in flight."""
+        from .direct import DirectReader
+        dtype = np.dtype(store.meta["index_dtype"])
+        return DirectReader(store.path / "indices.bin", store.num_edges, 1, dtype=dtype, row_stride=dtype.itemsize,
+                            threads=LIST_READ_THREADS)
 
     @classmethod
     def resident(cls, store):
