@@ -45,9 +45,9 @@ sys.path.insert(0, str(REPO))
 
 MiB, PAGE = 1 << 20, 4096
 # name -> (policy, TrainConfig overrides)
-VARIANTS = {
-    "inmemory": ("inmemory", {}),
-    "mmap": ("mmap", {}),
+VARIANTS = {              # the baselines keep the topology in memory whatever --topology says
+    "inmemory": ("inmemory", {"topology": "auto"}),
+    "mmap": ("mmap", {"topology": "auto"}),
     "hierbatching": ("hierbatching", {"passes": 2.0}),
     "hierbatching-p1": ("hierbatching", {"passes": 1.0}),
     "outre": ("outre", {"history_ratio": 0.1}),
@@ -268,6 +268,7 @@ def derive(res, limits):
         "vs_limit": vs_limit, "peak_rss": res["peak_rss"], "cap": cap, "setup_s": res["setup_s"],
         "wall": res["wall"], "load": res["load"], "rule": s.get("hierbatching_rule"),
         "resident": s.get("resident_bytes"), "memory": s.get("memory"), "val": s.get("final_val_acc"),
+        "topology": s.get("topology"), "topology_io": s.get("topology_io"),
     }
 
 
@@ -293,6 +294,13 @@ def main(argv=None):
                     help="hierbatching N_d (default 0: the largest power of two that fits the budget)")
     ap.add_argument("--static-ratio", type=float, default=0.01, help="hierbatching r_s (default 0.01)")
     ap.add_argument("--batch-size", type=int, default=1024, help="mini-batch size (default 1024)")
+    ap.add_argument("--topology", default="auto",
+                    help="where the out-of-core configurations keep the neighbour lists: memory | disk | auto "
+                         "(default auto: memory where the plan fits the budget so); the baselines keep them in memory")
+    ap.add_argument("--overhead", default="1GiB",
+                    help="the fixed overhead allowed above the budget: an out-of-core run's peak RSS must stay "
+                         "<= budget + this (interpreter, torch, numba, readers' buffers, a batch's working set; "
+                         "default 1GiB)")
     ap.add_argument("--fanouts", default="10,10", help="sampling fanouts (default 10,10)")
     ap.add_argument("--eval-nodes", type=int, default=2000,
                     help="validation/test nodes evaluated at start and end (default 2000; excluded from time)")
@@ -345,9 +353,11 @@ def main(argv=None):
     out_dir.mkdir(parents=True)
     base = {"store": str(store.path), "model": "sage", "epochs": 1, "fanouts": args.fanouts,
             "batch_size": args.batch_size, "memory_budget": args.budget, "eval_every": 10**9,
-            "max_eval_nodes": args.eval_nodes, "seed": 0, "static_ratio": args.static_ratio, "progress": False}
+            "max_eval_nodes": args.eval_nodes, "seed": 0, "static_ratio": args.static_ratio, "progress": False,
+            "topology": args.topology}
     n_d = base["parts_per_megabatch"] = args.parts_per_megabatch or choose_megabatch(store, base)
     print(f"training ({', '.join(names)}; sage {args.fanouts}, batch {args.batch_size}, budget {args.budget}, "
+          f"topology {args.topology}, "
           f"hierbatching N_d={n_d} r_s={args.static_ratio}) ...", flush=True)
     results = {name: [] for name in names}
     for rep in range(args.reps):                  # rounds interleave the configurations: noise hits all
@@ -406,11 +416,23 @@ def main(argv=None):
     for r in rows:
         st = {k: v for k, v in r["stage"].items() if k != "eval"}
         print(f"  {r['config']:<16} " + "  ".join(f"{k} {v:.1f}" for k, v in st.items()))
+    print("\ntopology reads in the measured steps (neighbour lists from indices.bin; memory topology: none):")
+    for r in rows:
+        t = r["topology_io"] or {}
+        rate = t.get("pages", 0) / t["seconds"] if t.get("seconds") else 0
+        print(f"  {r['config']:<16} {r['topology']:<7} {fmt_bytes(t.get('bytes_read', 0)):>10} in {t.get('calls', 0):,} "
+              f"calls, {t.get('requests', 0):,} requests, {t.get('seconds', 0):.1f} s inside reads ({rate:,.0f} pages/s)")
 
-    print("\nmemory:")
+    overhead = parse_size(args.overhead)
+    print(f"\nmemory (peak RSS against budget {fmt_bytes(budget)} + overhead {fmt_bytes(overhead)} for the "
+          "out-of-core configurations):")
     for r in rows:
         mem = ", ".join(f"{k} {fmt_bytes(v)}" for k, v in (r["memory"] or {}).items())
-        line = f"  {r['config']:<16} resident (budgeted) {fmt_bytes(r['resident'])}; {mem}"
+        bound = "" if r["config"] in ("inmemory", "mmap") else \
+            f"; peak RSS {fmt_bytes(r['peak_rss'])} = budget + {fmt_bytes(r['peak_rss'] - budget)} " \
+            f"({'ok' if r['peak_rss'] <= budget + overhead else 'OVER'})"
+        line = f"  {r['config']:<16} resident (budgeted) {fmt_bytes(r['resident'])} ({r['topology']} topology); " \
+               f"{mem}{bound}"
         if r["cap"].get("enforced"):
             c = r["cap"]
             line += (f"\n  {'':<16} cap ENFORCED ({c.get('version')}): limit {fmt_bytes(c.get('limit'))} = budget "
