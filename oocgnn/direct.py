@@ -15,10 +15,11 @@ import os
 import warnings
 from concurrent.futures import ThreadPoolExecutor, wait as wait_futures
 
+import numba
 import numpy as np
 
 from .errors import UserError
-from .io import MAX_REQUEST, PAGE, RANGE_REQUEST, FeatureReader, page_span, request_breaks
+from .io import MAX_REQUEST, PAGE, RANGE_REQUEST, FeatureReader, page_span, request_breaks, span_runs
 
 try:  # optional (pinned in requirements.txt): without it DirectReader uses its thread pool
     import liburing as _L
@@ -35,6 +36,12 @@ def _anon(nbytes: int) -> mmap.mmap:
     return buf
 
 
+@numba.njit(nogil=True, cache=True)
+def _gather_spans(src, src_starts, nbytes, out, out_starts):
+    for i in range(len(src_starts)):
+        out[out_starts[i]:out_starts[i] + nbytes[i]] = src[src_starts[i]:src_starts[i] + nbytes[i]]
+
+
 class DirectReader(FeatureReader):
     """O_DIRECT reads: ids are sorted, rows on the same or adjacent pages coalesced into one request
     (at most `max_request` bytes, or one row if larger), many requests in flight.
@@ -46,13 +53,14 @@ class DirectReader(FeatureReader):
     uring is opt-in, and even then ranges go through the threads (they read as fast: one
     request per MiB). Where O_DIRECT is refused
     (EINVAL) it warns once and reads buffered (`direct=False`), dropping the page cache after each call.
-    `buffer_bytes` bounds the persistent read buffer; larger calls are read in chunks.
+    `buffer_bytes` bounds the persistent read buffer (it stays resident: a run has a few readers);
+    larger calls are read in chunks of it, each with all its requests in flight.
     """
     kind = "direct"
 
     def __init__(self, path, num_rows, dim, row_stride=None, dtype=np.float32, offset=0, *,
                  threads=16, backend="auto", max_request=MAX_REQUEST, queue_depth=64,
-                 range_request=RANGE_REQUEST, range_depth=2, buffer_bytes=64 << 20):
+                 range_request=RANGE_REQUEST, range_depth=2, buffer_bytes=8 << 20):
         super().__init__(path, num_rows, dim, row_stride, dtype, offset)
         if backend not in ("auto", "threads", "uring"):
             raise UserError(f"unknown backend {backend!r}: use auto, threads or uring")
@@ -259,6 +267,57 @@ class DirectReader(FeatureReader):
                 a, b = ustart[rstart[i]], (ustart[rstart[j]] if j < nreq else n)
                 out[order[a:b]] = view[(ubyte[uid[a:b]] - base * PAGE) // slot]
             i = j
+        self._done_call()
+        return out
+
+    def read_spans(self, lo, hi) -> np.ndarray:
+        """Rows lo[i]..hi[i]-1 of every span, concatenated in the given order ([sum, dim]): what reading
+        many neighbour lists of a one-item-a-row file needs, without per-row arrays. Spans are read
+        in ascending order; those whose pages touch coalesce into runs, read in requests of at most
+        max_request bytes (`io.span_runs`, the simulator's rule too), many in flight. Rows must be
+        unpadded (row_stride == row_bytes)."""
+        if self.row_stride != self.row_bytes:
+            raise UserError("read_spans needs unpadded rows (row_stride == row_bytes)")
+        lo, hi = np.asarray(lo, dtype=np.int64), np.asarray(hi, dtype=np.int64)
+        if len(lo) and (lo.min() < 0 or hi.max() > self.num_rows or (hi < lo).any()):
+            raise IndexError(f"row spans out of range [0, {self.num_rows}]")
+        return self._timed(self._read_spans, lo, hi)
+
+    def _read_spans(self, lo, hi):
+        lens = hi - lo
+        out = np.empty((int(lens.sum()), self.dim), self.dtype)
+        keep = np.flatnonzero(lens > 0)
+        if not len(keep):
+            self._count(len(out), len(out), 0, 0)
+            return out
+        order = keep[np.argsort(lo[keep], kind="stable")]
+        pos = self.offset + lo[order] * self.row_stride              # each span's first byte in the file
+        first, last = page_span(pos, lens[order] * self.row_stride)
+        run_first, run_pages, run_requests = span_runs(first, last, self.max_request)
+        run = np.searchsorted(run_first, first, side="right") - 1      # each span's run
+        out_start = np.zeros(len(lens), np.int64)
+        np.cumsum(lens[:-1], out=out_start[1:])
+        out_bytes = out.reshape(-1).view(np.uint8)
+        self._count(len(out), len(out), int(run_requests.sum()), int(run_pages.sum()))
+        cap, r0 = self.max_request // PAGE, 0
+        ends = np.cumsum(run_pages)
+        while r0 < len(run_first):                    # groups of runs that fit the persistent buffer
+            base = int(ends[r0] - run_pages[r0])
+            r1 = max(r0 + 1, int(np.searchsorted(ends, base + self._buf_pages, "right")))
+            run_buf = ends[r0:r1] - run_pages[r0:r1] - base            # their first pages in the buffer
+            req_run = np.repeat(np.arange(r0, r1), run_requests[r0:r1])
+            k = np.arange(len(req_run)) - np.repeat(np.cumsum(run_requests[r0:r1]) - run_requests[r0:r1],
+                                                    run_requests[r0:r1])
+            req_pages = np.minimum(cap, run_pages[req_run] - k * cap)
+            nbytes = int(ends[r1 - 1] - base) * PAGE
+            self._ensure(nbytes)
+            self._issue(((run_first[req_run] + k * cap) * PAGE).tolist(), (req_pages * PAGE).tolist(),
+                        ((run_buf[req_run - r0] + k * cap) * PAGE).tolist(), self._mv, 1 << 30)
+            a, b = np.searchsorted(run, [r0, r1])                      # the spans of these runs
+            src = (run_buf[run[a:b] - r0] - run_first[run[a:b]]) * PAGE + pos[a:b]
+            _gather_spans(np.frombuffer(self._buf, np.uint8, nbytes), src, lens[order[a:b]] * self.row_bytes,
+                          out_bytes, out_start[order[a:b]] * self.row_bytes)
+            r0 = r1
         self._done_call()
         return out
 

@@ -188,6 +188,24 @@ def request_breaks(first, last, row_pages=1, max_request=MAX_REQUEST) -> np.ndar
     return brk
 
 
+def span_runs(first, last, max_request=MAX_REQUEST):
+    """(run first pages, run page counts, requests per run) of page spans [first, last] given in
+    ascending order of first: spans that touch or overlap merge into one run of pages, read in
+    requests of at most `max_request` bytes (the rule of `DirectReader.read_spans` and the simulator's
+    list reads)."""
+    first, last = np.asarray(first, dtype=np.int64), np.asarray(last, dtype=np.int64)
+    if not len(first):
+        return first, first, first
+    reach = np.maximum.accumulate(last)
+    start = np.ones(len(first), bool)
+    np.greater(first[1:], reach[:-1] + 1, out=start[1:])
+    idx = np.flatnonzero(start)
+    run_first = first[idx]
+    run_last = np.maximum.reduceat(last, idx)
+    pages = run_last - run_first + 1
+    return run_first, pages, -(-pages // max(1, max_request // PAGE))
+
+
 def range_requests(pages: int, range_request=RANGE_REQUEST) -> int:
     """Requests DirectReader.read_range issues for a span of `pages` pages."""
     return -(-pages * PAGE // range_request)

@@ -78,6 +78,12 @@ class Plan:
         self.fanouts, self.seed, self.budget = cfg.fanout_list, cfg.seed, cfg.memory_budget_bytes
         self.history: HistorySpec | None = None
         self.topology = "memory" if cfg.topology == "auto" else cfg.topology
+        self.lists = None        # the lists profiling samples from; a runtime lends its own
+
+    def profile_lists(self):
+        """The topology source profiling samples from: the runtime's if it lent one, else the store's
+        (all lists in RAM: for analyses). Samples do not depend on it."""
+        return self.lists if self.lists is not None else self.store.neighbour_lists()
 
     def _choose_topology(self):
         """`auto`: the whole topology in memory if the plan fits the budget so, else on disk."""
@@ -103,8 +109,9 @@ class Plan:
             yield e, b, step
 
     def setup(self) -> list:
-        """Steps of what is resident all run, loaded before the first step (outside the timed epochs)."""
-        out = [self.schedule.setup()] if self.schedule.setup() is not None else []
+        """Steps of what is resident all run, loaded before the first step (outside the timed epochs),
+        in order (lists before the rows a profile chooses)."""
+        out = [s for s in [self.schedule.setup()] if s is not None]
         if self.topology == "memory":
             out = [replace(s, data=tuple(d for d in s.data if d != "adjacency")) for s in out]
             out.append(Step(seeds=_EMPTY, enter_ranges=[(0, self.store.num_nodes)], data=("adjacency",)))
@@ -115,7 +122,7 @@ class Plan:
         return 0
 
     def setup_entries(self) -> int:
-        """Neighbour-list entries the setup makes resident on a disk topology."""
+        """Neighbour-list entries of the lists the setup keeps (resident as such on a disk topology)."""
         return 0
 
     def group_rows(self) -> int:
@@ -145,11 +152,12 @@ class Plan:
 
     def memory(self) -> dict:
         """Bytes resident by kind, from the plan alone: feature rows and their slot table, the topology
-        (indptr, the resident lists and, on disk, their offset table), the subgraph sampling inside a
-        group needs (one per buffer), histories."""
+        (indptr, the resident lists and, on disk, their offset table), the sampler's scratch, the
+        subgraph sampling inside a group needs (one per buffer), histories."""
         n, isz = self.store.num_nodes, np.dtype(self.store.meta["index_dtype"]).itemsize
         out = {"feature_rows": self.capacity() * self.store.row_bytes, "slot_table": 4 * n,
-               "topology": (n + 1) * 8 + self.list_capacity() * isz + (8 * n if self.topology == "disk" else 0)}
+               "topology": (n + 1) * 8 + self.list_capacity() * isz + (8 * n if self.topology == "disk" else 0),
+               "sampler": 4 * n}                     # its relabelling scratch
         if self.induces:
             rows = self.setup_rows() + self.group_rows()
             entries = min(self.store.num_edges, self.setup_entries() + self.group_entries())
@@ -338,7 +346,7 @@ class OutrePlan(Plan):
         from .redundancy import history_nodes
         o = self.options
         return history_nodes(self.store, o.history_ratio, by=o.history_by, fanouts=self.fanouts,
-                             schedule=self.schedule, seed=self.seed + 1)
+                             schedule=self.schedule, seed=self.seed + 1, topology=self.profile_lists())
 
     @cached_property
     def cache_ids(self) -> np.ndarray:
@@ -353,7 +361,7 @@ class OutrePlan(Plan):
         else:
             from .trace import record_trace
             counts = record_trace(self.store, self.schedule, self.fanouts, seed=self.seed + 1,
-                                  cache_dir=False).counts()
+                                  cache_dir=False, topology=self.profile_lists()).counts()
             policy = make_cache("static-frequency", self.cache_rows, self.store.num_nodes, counts=counts)
         return policy.static_ids.astype(np.int64)
 
@@ -366,12 +374,13 @@ class OutrePlan(Plan):
         return np.sort(neighbour_cache(self.store, cross_partition_degree(self.store), self.neighbour_entries * isz))
 
     def setup(self):
-        out = [Step(seeds=_EMPTY, enter_ids=self.cache_ids, data=("features",))]
+        """The lists first, then the feature cache: a frequency cache is profiled (when this generator
+        is resumed) by sampling through whatever lists a runtime placed by then."""
         if self.topology == "memory":
-            out.append(Step(seeds=_EMPTY, enter_ranges=[(0, self.store.num_nodes)], data=("adjacency",)))
+            yield Step(seeds=_EMPTY, enter_ranges=[(0, self.store.num_nodes)], data=("adjacency",))
         elif self.neighbour_entries:
-            out.append(Step(seeds=_EMPTY, enter_ids=self.neighbour_ids, data=("adjacency",)))
-        return out
+            yield Step(seeds=_EMPTY, enter_ids=self.neighbour_ids, data=("adjacency",))
+        yield Step(seeds=_EMPTY, enter_ids=self.cache_ids, data=("features",))
 
     def setup_rows(self):
         return self.cache_rows

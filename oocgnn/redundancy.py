@@ -70,7 +70,7 @@ def _first_discoverer(block):
     return ids, dst[new][first]
 
 
-def importance(store, fanouts, schedule="random", epochs=1, seed=0, progress=False,
+def importance(store, fanouts, schedule="random", epochs=1, seed=0, progress=False, topology=None,
                **schedule_params) -> pd.DataFrame:
     """OUTRE's saved_I/O_hist profile (§2.6 of the digest), one row per store id.
 
@@ -81,6 +81,7 @@ def importance(store, fanouts, schedule="random", epochs=1, seed=0, progress=Fal
     - saved_sample: the size of u's sampled (L−1)-hop sub-tree, i.e. the neighbour entries its
       reuse leaves unsampled (OUTRE's reverse propagation of ones, +1 for self per hop).
     Summed over the batches of `epochs` epochs of `schedule` (profiling epochs; seeds as `simulate`).
+    `topology`: the lists to sample from (default the store's, all in RAM; a run passes its own).
     """
     from tqdm.auto import tqdm
     fanouts = [int(f) for f in fanouts]
@@ -90,7 +91,7 @@ def importance(store, fanouts, schedule="random", epochs=1, seed=0, progress=Fal
         if isinstance(schedule, str) else schedule
     gather = np.zeros(store.num_nodes, dtype=np.float64)
     sample = np.zeros(store.num_nodes, dtype=np.float64)
-    walk = sampled_steps(schedule, Sampler(store.neighbour_lists(), fanouts, seed), epochs)
+    walk = sampled_steps(schedule, Sampler(topology or store.neighbour_lists(), fanouts, seed), epochs)
     for _, _, _, _, smp in tqdm(walk, desc="importance", disable=not progress, leave=False):
         blocks = smp.blocks
         c = np.ones(blocks[0].num_src)                  # first-discoverer forest sizes

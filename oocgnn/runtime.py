@@ -162,15 +162,16 @@ class Runtime:
         self.sampler = Sampler(self.topology, plan.fanouts, plan.seed)
         self.io_before_switch = IOStats()             # stats of readers replaced mid-run
         self.timers = {}                              # background stages (the loader thread)
-        self.setup_steps = plan.setup()
-        self._setup_rows = [s.enter_ids for s in self.setup_steps if "features" in s.data and len(s.enter_ids)]
+        self._setup_rows = []                         # scattered rows the setup placed (they keep their slots)
         self.loader = RangeLoader(self, plan.pipeline)
         self.cap = PageCacheCap(self) if plan.reader == "mmap" else OwnBudget(self)
-        self.stage = HistoryCache.of(plan.history, store.num_nodes) if plan.history else NoHistory()
-        # evaluation reads outside the measured run; through the page cache, there is only one
+        self.stage = None                             # the history stage: made at setup (it may profile)
+        # evaluation (and the plan's profiling) read lists outside the measured run: with their own reader
+        self.eval_topology = self.topology if plan.topology == "memory" else \
+            self.topology.view(NeighbourLists.index_reader(store))
+        plan.lists = self.eval_topology
+        # evaluation reads rows outside the measured run; through the page cache, there is only one
         self.eval_reader = store.reader("direct") if plan.reader == "direct" else None
-        self.eval_topology = self.topology if self.topology.all_resident or plan.topology == "memory" else \
-            None
 
     def _time(self, stage, seconds):
         self.timers[stage] = self.timers.get(stage, 0.0) + seconds
@@ -180,19 +181,22 @@ class Runtime:
         induced subgraphs it bounds are built per group and not counted here)."""
         out = {"feature_rows": self.cached.rows.numel() * 4, "slot_table": self.cached.slot.nbytes,
                "topology": self.topology.nbytes if self.plan.topology == "disk" else
-               self.topology.indptr.nbytes + self.store.num_edges * self.topology.dtype.itemsize}
-        if self.plan.history is not None:
+               self.topology.indptr.nbytes + self.store.num_edges * self.topology.dtype.itemsize,
+               "sampler": self.sampler.scratch.nbytes}
+        if self.stage is not None and self.plan.history is not None:
             out["history"] = self.stage.nbytes
         return out
 
     # -- the plan's steps --------------------------------------------------------------------
     def setup(self):
-        """Load what the plan keeps resident all run (before the first step)."""
+        """Load what the plan keeps resident all run (before the first step), in the plan's order: its
+        lists first, so that profiling what else to keep samples through them; then the history stage."""
         rows = entries = 0
-        for step in self.setup_steps:
+        for step in self.plan.setup():
             if "features" in step.data:
                 if len(step.enter_ids):
                     self.cached.place(step.enter_ids, rows, self.cached.reader.read_rows(step.enter_ids))
+                    self._setup_rows.append(step.enter_ids)
                     rows += len(step.enter_ids)
                 for lo, hi in step.enter_ranges:
                     for a, b in range_chunks(lo, hi, self.store.row_stride):
@@ -204,8 +208,7 @@ class Runtime:
                 elif step.enter_ranges:
                     raise UserError("plans keep whole lists in setup ranges only for every node")
                 entries += self.topology.place_ids(step.enter_ids, entries) if len(step.enter_ids) else 0
-        if self.eval_topology is None:                # disk: evaluation reads lists through its own reader
-            self.eval_topology = self.topology.view(NeighbourLists.index_reader(self.store))
+        self.stage = HistoryCache.of(self.plan.history, self.store.num_nodes) if self.plan.history else NoHistory()
 
     def before(self, step, next_load):
         """Apply the step's residency change before its batch is sampled; `next_load` (the next step
@@ -268,7 +271,7 @@ class Runtime:
 
     @property
     def history_hits(self) -> int:
-        return self.stage.stats["hits"]
+        return self.stage.stats["hits"] if self.stage is not None else 0
 
     def close(self):
         self.loader.close()

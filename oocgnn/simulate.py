@@ -21,11 +21,10 @@ from tqdm.auto import tqdm
 
 from .errors import UserError
 from .history import HistoryStamps, history_prune
-from .io import PAGE, page_span, range_chunks, range_requests, request_breaks
+from .io import PAGE, page_span, range_chunks, range_requests, request_breaks, span_runs
 from .sampler import Sampler, sampled_steps
 from .policies import as_plan
 from .schedules import _ids_of_ranges
-from .topology import _spans_to_ids
 
 DATA = ("features", "adjacency")
 
@@ -70,10 +69,11 @@ class Layout:
 
     def list_reads(self, nodes) -> tuple[int, int]:
         """(pages, requests) of reading the lists of `nodes` (unique, none empty) in one call, as
-        `topology.NeighbourLists` does: their entries are the rows of a reader of indices.bin."""
-        lens = self.indptr[nodes + 1] - self.indptr[nodes]
-        entries = np.sort(_spans_to_ids(self.indptr[nodes], lens, int(lens.sum())))
-        return page_union(*page_span(entries * self.isz, self.isz))[0], _requests(entries, self.isz, self.isz)
+        `topology.NeighbourLists` does (`DirectReader.read_spans`: the `io.span_runs` rule)."""
+        nodes = np.sort(nodes)
+        start, end = self.indptr[nodes] * self.isz, self.indptr[nodes + 1] * self.isz
+        _, pages, requests = span_runs(*page_span(start, end - start))
+        return int(pages.sum()), int(requests.sum())
 
     def range_list_reads(self, lo, hi) -> tuple[int, int]:
         """(pages, requests) of loading the lists of nodes [lo, hi) sequentially (`io.range_chunks`)."""

@@ -308,6 +308,12 @@ class Store:
     def degrees(self):
         return np.diff(self.indptr)
 
+    def compact_labels(self) -> np.ndarray:
+        """Labels at the narrowest integer width the classes need (a run keeps all N resident);
+        read without keeping the stored int64 copy."""
+        dtype = np.int16 if self.num_classes < 2**15 else np.int32
+        return np.load(self.path / "labels.npy", mmap_mode="r").astype(dtype)
+
     def index_slice(self, lo, hi) -> np.ndarray:
         """indices.bin entries [lo, hi): a slice of the resident copy if there is one, else read."""
         if "indices" in self.__dict__:

@@ -56,18 +56,6 @@ def neighbour_cache(store, score, budget_bytes) -> np.ndarray:
 
 # ---- the sampler's source of neighbour lists ---------------------------------------------------
 @numba.njit(nogil=True, cache=True)
-def _spans_to_ids(starts, lens, total):
-    """Concatenated ranges starts[i] .. starts[i] + lens[i]: the entry ids of a set of lists."""
-    out = np.empty(total, np.int64)
-    pos = 0
-    for i in range(len(starts)):
-        for k in range(lens[i]):
-            out[pos + k] = starts[i] + k
-        pos += lens[i]
-    return out
-
-
-@numba.njit(nogil=True, cache=True)
 def _copy_spans(src, starts, lens, out, out_starts):
     for i in range(len(starts)):
         out[out_starts[i]:out_starts[i] + lens[i]] = src[starts[i]:starts[i] + lens[i]]
@@ -87,8 +75,8 @@ class NeighbourLists:
 
     `indptr` is resident (int64 [N+1]). A list is resident in `buf` (the store's index width) at
     `offset[v]`, or else read from indices.bin by `lists` through a DirectReader whose rows are the
-    index entries (one entry a row: the feature readers' coalescing and request rule, counted in
-    `stats` apart from feature reads). What is resident is decided outside, as for features: a
+    index entries (`read_spans`: lists whose pages touch coalesce, many requests in flight; counted
+    in `stats` apart from feature reads). What is resident is decided outside, as for features: a
     memory topology loads every list at setup (`offset` then is indptr itself); a disk topology holds
     a plan's setup lists and the ranges its steps bring in (`read_ranges`/`point_ranges`/`drop_ranges`).
     """
@@ -96,7 +84,6 @@ class NeighbourLists:
     def __init__(self, store, capacity=None, reader=None):
         self.store, self.num_nodes = store, store.num_nodes
         self.indptr = np.asarray(store.indptr, dtype=np.int64)
-        self.deg = np.diff(self.indptr)
         self.dtype = np.dtype(store.meta["index_dtype"])
         self.reader = reader or self.index_reader(store)
         capacity = store.num_edges if capacity is None else int(capacity)
@@ -104,6 +91,10 @@ class NeighbourLists:
         self.offset = np.full(self.num_nodes, -1, dtype=np.int64)
         self.all_resident = False
         self.fixed = (np.empty(0, np.int64), np.empty(0, np.int64))   # (sorted ids, offsets) placed for the run
+
+    def degree(self, nodes):
+        """The list lengths of `nodes` (from indptr: no N-sized degree array is kept)."""
+        return self.indptr[nodes + 1] - self.indptr[nodes]
 
     @property
     def stats(self):
@@ -130,7 +121,8 @@ class NeighbourLists:
         return lists
 
     def view(self, reader):
-        """The same resident lists with another reader (evaluation: its reads are not the run's)."""
+        """The same resident lists (the arrays are shared, and placing lists fills them in place) with
+        another reader: evaluation's and profiling's reads are not the run's."""
         other = object.__new__(NeighbourLists)
         other.__dict__.update(self.__dict__, reader=reader)
         return other
@@ -152,7 +144,7 @@ class NeighbourLists:
         """(nodes, offsets) the lists of `ranges` get when read at `base` (what `point_ranges` sets)."""
         nodes = np.concatenate([np.arange(lo, hi, dtype=np.int64) for lo, hi in ranges]) if ranges else \
             np.empty(0, np.int64)
-        return nodes, base + _exclusive_cumsum(self.deg[nodes]) if len(nodes) else nodes
+        return nodes, base + _exclusive_cumsum(self.degree(nodes)) if len(nodes) else nodes
 
     def point_ranges(self, ranges, base):
         if not self.all_resident:
@@ -170,7 +162,7 @@ class NeighbourLists:
         """Read the lists of scattered sorted `ids` (one coalesced gather) into buf[base:], resident for
         the run (`fixed`: steps dropping ranges never drop them); returns the entries written."""
         ids = np.asarray(ids, dtype=np.int64)
-        lens = self.deg[ids]
+        lens = self.degree(ids)
         self.buf[base:base + lens.sum()] = self._read(ids)
         self.offset[ids] = base + _exclusive_cumsum(lens)
         ids, offsets = np.concatenate([self.fixed[0], ids]), np.concatenate([self.fixed[1], self.offset[ids]])
@@ -184,10 +176,8 @@ class NeighbourLists:
         self.offset, self.all_resident = self.indptr[:-1], True
 
     def _read(self, nodes) -> np.ndarray:
-        """The lists of `nodes`, concatenated in that order, read from indices.bin."""
-        lens = self.deg[nodes]
-        entries = _spans_to_ids(self.indptr[nodes], lens, int(lens.sum()))
-        return self.reader.read_rows(entries)[:, 0] if len(entries) else np.empty(0, self.dtype)
+        """The lists of `nodes`, concatenated in that order, read from indices.bin in one call."""
+        return self.reader.read_spans(self.indptr[nodes], self.indptr[nodes + 1])[:, 0]
 
     # -- what the sampler asks ------------------------------------------------------------------
     def group_spans(self, nodes, ranges, base):
@@ -200,18 +190,18 @@ class NeighbourLists:
             pos = np.minimum(np.searchsorted(ids, nodes), max(len(ids) - 1, 0))
             inside = (ids[pos] == nodes) if len(ids) else np.zeros(len(nodes), bool)
             starts[inside] = offsets[pos[inside]]
-        if ((starts < 0) & (self.deg[nodes] > 0)).any():
+        if ((starts < 0) & (self.degree(nodes) > 0)).any():
             raise ValueError("a visible node's list is neither in the group nor resident")
         starts = np.where(starts < 0, 0, starts)
-        return starts, starts + self.deg[nodes]
+        return starts, starts + self.degree(nodes)
 
     def spans(self, nodes):
         """(starts, ends) of resident `nodes`' lists in buf (every one must be resident or empty)."""
         off = self.offset[nodes]
-        if (off < 0).any() and (self.deg[nodes[off < 0]] > 0).any():
+        if (off < 0).any() and (self.degree(nodes[off < 0]) > 0).any():
             raise ValueError("a list asked for as resident is not")
         starts = np.where(off < 0, 0, off)
-        return starts, starts + self.deg[nodes]
+        return starts, starts + self.degree(nodes)
 
     def lists(self, nodes, known=0, prev=None):
         """(starts, ends, buffer): the lists of `nodes` are buffer[starts[i]:ends[i]]. The first `known`
@@ -220,16 +210,16 @@ class NeighbourLists:
         `buf`, `buf` itself is the buffer (no copy)."""
         nodes = np.asarray(nodes, dtype=np.int64)
         new = nodes[known:]
-        lens = self.deg[new]
+        lens = self.degree(new)
         off = self.offset[new]
         missing = (off < 0) & (lens > 0)
         off = np.where(off < 0, 0, off)
         in_buf = prev is None or prev[2] is self.buf
         if not missing.any() and in_buf:
             starts = off if prev is None else np.concatenate([prev[0][:known], off])
-            return starts, starts + self.deg[nodes], self.buf
+            return starts, starts + self.degree(nodes), self.buf
         read = self._read(new[missing])                       # the batch's I/O of this layer
-        all_lens = self.deg[nodes]
+        all_lens = self.degree(nodes)
         out_starts = _exclusive_cumsum(all_lens)
         out = np.empty(int(all_lens.sum()), self.dtype)
         if known:

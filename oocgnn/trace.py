@@ -292,7 +292,7 @@ def store_fingerprint(store) -> dict:
 
 
 def record_trace(store, schedule, fanouts, epochs=1, seed=0, cache_dir=None, progress=False,
-                 fmt=None, **schedule_params) -> Trace:
+                 fmt=None, topology=None, **schedule_params) -> Trace:
     """The access trace of `epochs` epochs of `schedule` over `store`, recorded once and cached.
 
     Replays the schedule exactly as `oocgnn.simulate.simulate` does (`sampler.sampled_steps` with a
@@ -321,8 +321,8 @@ def record_trace(store, schedule, fanouts, epochs=1, seed=0, cache_dir=None, pro
     def build():
         feats, nbrs = [], []
         bar = tqdm(desc=f"trace {schedule.name}", unit="batch", disable=not progress, leave=False)
-        for _, _, _, _, sample in sampled_steps(schedule, Sampler(store.neighbour_lists(), fanouts, seed),
-                                                int(epochs)):
+        sampler = Sampler(topology or store.neighbour_lists(), fanouts, seed)   # any source: the same samples
+        for _, _, _, _, sample in sampled_steps(schedule, sampler, int(epochs)):
             feats.append(sample.input_nodes)
             nbrs.append(sample.blocks[0].dst_nodes)                  # ⊇ every later block's dst
             bar.update()

@@ -115,7 +115,7 @@ def train(cfg: TrainConfig) -> dict:
         "host": {"python": platform.python_version(), "torch": torch.__version__, "cpus": os.cpu_count(),
                  "loadavg": open("/proc/loadavg").read().split()[:3]}}, indent=2) + "\n")
 
-    labels = torch.from_numpy(store.labels)
+    labels = torch.from_numpy(store.compact_labels())
     model = build_model(cfg.model, store.feat_dim, cfg.hidden, store.num_classes, cfg.layers, cfg.dropout)
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
     eval_sets = {}
@@ -167,7 +167,7 @@ def train(cfg: TrainConfig) -> dict:
                 x, ctx = runtime.inputs(sample, i)
             with timers("compute"):
                 logits = runtime.forward(model, ctx, x, i)
-                loss = F.cross_entropy(logits, labels[torch.from_numpy(sample.output_nodes)])
+                loss = F.cross_entropy(logits, labels[torch.from_numpy(sample.output_nodes)].long())
                 opt.zero_grad()
                 loss.backward()
                 opt.step()

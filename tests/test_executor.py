@@ -93,9 +93,9 @@ def test_memory_comes_from_the_plan(fennel16, tmp_path, name):
     declared = plan.memory()
     runtime = Runtime(fennel16, plan)
     induced = declared.pop("induced", None)
-    assert runtime.memory() == declared
     assert runtime.io().calls == runtime.topology_io().calls == 0, "building the runtime reads nothing"
     runtime.setup()
+    assert runtime.memory() == declared
     for i, (_, _, step) in enumerate(plan.steps(1)):
         if step.enter_ranges:
             runtime.before(step, None)

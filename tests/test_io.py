@@ -252,3 +252,29 @@ def test_default_reader_does_not_leak(tmp_path):
             r.read_range(0, 65536)
             r.read_rows(np.arange(0, 65536, 3))
         assert rss() - before < 64 << 20
+
+
+@given(st.lists(st.tuples(st.integers(0, 3000), st.integers(0, 200)), max_size=60), st.sampled_from([4, 8]),
+       st.sampled_from([4096, 128 * 1024]))
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_read_spans_equal_rows_and_count_by_the_span_rule(tmp_path, spans, isz, max_request):
+    """read_spans returns the rows of every span in the given order, and reads the pages and requests
+    `io.span_runs` counts: the pages of the spans, coalesced where they touch, split at max_request."""
+    from oocgnn.io import span_runs
+    n = 3300
+    dtype = np.int32 if isz == 4 else np.int64
+    path = tmp_path / f"entries{isz}.bin"
+    if not path.exists():
+        np.arange(n, dtype=dtype).tofile(path)
+    lo = np.array([a for a, _ in spans], dtype=np.int64)
+    hi = np.minimum(lo + [b for _, b in spans], n)
+    with DirectReader(path, n, 1, dtype=dtype, row_stride=isz, max_request=max_request) as r:
+        out = r.read_spans(lo, hi)[:, 0]
+        np.testing.assert_array_equal(out, np.concatenate([np.arange(a, b) for a, b in zip(lo, hi)] or [[]]))
+        keep = np.flatnonzero(hi > lo)
+        order = keep[np.argsort(lo[keep], kind="stable")]
+        first, last = lo[order] * isz // PAGE, (hi[order] * isz - 1) // PAGE
+        pages = set().union(*[set(range(a, b + 1)) for a, b in zip(first, last)]) if len(order) else set()
+        _, run_pages, requests = span_runs(first, last, max_request)
+        assert r.stats.pages == len(pages) == run_pages.sum() and r.stats.requests == requests.sum()
+        assert r.stats.bytes_read == len(pages) * PAGE
