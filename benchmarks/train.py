@@ -403,7 +403,7 @@ def main(argv=None):
           "  process start to the first step (imports, topology, policy init incl. caches/profiling; not in epoch s);\n"
           "  MiB/s io = bytes read / seconds inside read calls (hierbatching: the background loader), MiB/s trn =\n"
           "  bytes read / train seconds; vs limit = MiB/s io / the sequential limit (seq) or pages/s / the random\n"
-          "  4 KiB limit (rnd); peak RSS = the process's VmHWM (topology and DGL graph, evaluation pages and all);\n"
+          "  4 KiB limit (rnd); peak RSS = the process's VmHWM (the runtime, the working set and evaluation included);\n"
           f"  val acc on {args.eval_nodes} validation nodes after the measured steps")
 
     if args.reps > 1:
