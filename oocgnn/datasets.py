@@ -160,6 +160,23 @@ def _check_splits(where: str, labels: np.ndarray, splits: dict) -> dict:
     return out
 
 
+def _check_trainable(where: str, splits: dict):
+    """A run needs training nodes to learn from and validation nodes to choose its best point."""
+    for key in ("train_idx", "val_idx"):
+        if not len(splits[key]):
+            raise UserError(f"{where}: the {key.split('_')[0]} split is empty; a run needs training and "
+                            "validation nodes (give the source a split, or resplit it)")
+
+
+def _check_finite(where: str, feat, first_row=0):
+    """Refuse NaN or infinite features, naming the first rows that hold them."""
+    bad = np.flatnonzero(~np.isfinite(feat).all(1))
+    if len(bad):
+        rows = ", ".join(str(first_row + r) for r in bad[:5])
+        raise UserError(f"{where}: {len(bad)} feature row(s) hold NaN or infinite values (rows {rows}"
+                        f"{', ...' if len(bad) > 5 else ''}); clean them before preparing a store")
+
+
 def load_npz(path, name=None, row_normalize=False) -> GraphData:
     """A `.npz` in the /work/shared/datasets format (keys `NPZ_KEYS`), canonicalised.
 
@@ -199,8 +216,10 @@ def load_npz(path, name=None, row_normalize=False) -> GraphData:
     if len(src) and (min(src.min(), dst.min()) < 0 or max(src.max(), dst.max()) >= n):
         raise UserError(f"{path}: src/dst hold node ids outside 0..{n - 1}")
     splits = _check_splits(str(path), labels, {k: arr[k] for k, _ in _SPLITS})
+    _check_trainable(str(path), splits)
     indptr, indices = csr_from_edges(src, dst, n)
     feat = np.ascontiguousarray(feat, dtype=np.float32)
+    _check_finite(f"{path}: feat", feat)
     if row_normalize:
         feat /= np.maximum(np.abs(feat).sum(1, keepdims=True), np.float32(1e-12))
     return GraphData(name=name, indptr=indptr, indices=indices, features=feat, labels=labels,
@@ -303,6 +322,7 @@ def load_ogb_raw(root, name=None, split="auto", feature_dir=None, chunk_rows=1_0
         dropped += int((~keep).sum())
         splits[key] = ids[keep]
     splits = _check_splits(str(split_root / split), labels, splits)
+    _check_trainable(str(split_root / split), splits)
 
     tmp = tempfile.TemporaryDirectory(prefix="oocgnn-ogb-") if feature_dir is None else None
     fdir = Path(tmp.name if tmp else feature_dir)
@@ -317,6 +337,7 @@ def load_ogb_raw(root, name=None, split="auto", feature_dir=None, chunk_rows=1_0
             if c.shape[1] != mm.shape[1] or np.isnan(c).any():
                 raise UserError(f"{ffile}: rows {row + 1}..{row + len(c)} have missing or extra values "
                                 f"(expected {mm.shape[1]} per row)")
+            _check_finite(str(ffile), c, row)
             if row + len(c) > n:
                 raise UserError(f"{ffile}: has more than {n} rows (node-label.csv.gz has {n})")
             mm[row:row + len(c)] = c
