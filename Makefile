@@ -29,8 +29,8 @@ NOTEBOOKS := $(sort $(wildcard notebooks/[0-9][0-9]_*.ipynb))
 
 run: $(STAMP) data/small/meta.json
 	$(OOCGNN) info data/small
-	$(OOCGNN) train data/small --policy inmemory --epochs 5 --out runs/small-inmemory
-	$(OOCGNN) train data/small --policy mmap --memory-budget 32MB --epochs 5 --out runs/small-mmap
+	$(OOCGNN) train data/small --policy inmemory --epochs 5 --out runs/small-inmemory --force
+	$(OOCGNN) train data/small --policy mmap --memory-budget 32MB --epochs 5 --out runs/small-mmap --force
 	$(OOCGNN) report runs/small-inmemory runs/small-mmap --out figures/00_time_to_accuracy
 	@mkdir -p notebooks/executed
 	@for nb in $(NOTEBOOKS); do \

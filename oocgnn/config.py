@@ -60,6 +60,10 @@ class TrainConfig:
     seed: int = setting(0, "seed of batches, sampling and model initialisation")
     threads: int = setting(0, "torch intra-op threads (0: the library default)")
     progress: bool = setting(True, "show a progress bar")
+    force: bool = setting(False, "replace the run directory if it holds an earlier run (never anything else)")
+    checkpoint_every: int = setting(0, "save a checkpoint every N steps, to resume a killed run from (0: none)")
+    resume: str = setting("", "continue the killed run in this directory from its last checkpoint, with the "
+                              "settings it was started with")
     hierbatching: HierBatchingPlan.Options = field(default_factory=HierBatchingPlan.Options)
     outre: OutrePlan.Options = field(default_factory=OutrePlan.Options)
     memory_budget_bytes: int = field(init=False, default=0)     # memory_budget, parsed once
@@ -86,8 +90,8 @@ class TrainConfig:
                 raise UserError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not 0 <= self.dropout < 1 or self.lr <= 0 or not 0 <= self.target_acc <= 1:
             raise UserError("need 0 <= dropout < 1, lr > 0 and 0 <= target_acc <= 1")
-        if self.eval_every < 0 or self.max_eval_nodes < 0 or self.threads < 0 or self.max_steps < 0:
-            raise UserError("eval_every, max_eval_nodes, max_steps and threads must be >= 0")
+        if min(self.eval_every, self.max_eval_nodes, self.threads, self.max_steps, self.checkpoint_every) < 0:
+            raise UserError("eval_every, max_eval_nodes, max_steps, threads and checkpoint_every must be >= 0")
         self.memory_budget_bytes = parse_size(self.memory_budget)
         if self.topology not in ("auto", "memory", "disk"):
             raise UserError(f"topology must be auto, memory or disk, got {self.topology!r}")

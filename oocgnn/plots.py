@@ -1,7 +1,6 @@
 """Figures shared by the CLI and the notebooks."""
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
@@ -9,14 +8,13 @@ import pandas as pd
 
 
 def load_runs(run_dirs) -> pd.DataFrame:
-    """Concatenate the log.csv of several run directories, labelled by policy/model/seed."""
+    """Concatenate the log.csv of several finished run directories (checked: `rundir.load_run`),
+    labelled by policy/model/seed."""
+    from .rundir import load_run
     frames = []
     for d in map(Path, run_dirs):
-        if not (d / "log.csv").is_file():
-            from .errors import UserError
-            raise UserError(f"{d} is not a run directory (no log.csv)")
-        cfg = json.loads((d / "config.json").read_text())
-        log = pd.read_csv(d / "log.csv")
+        cfg, log, _ = load_run(d)
+        log = log.copy()
         log.insert(0, "run", d.name)
         log.insert(1, "policy", cfg["policy"])
         log.insert(2, "model", cfg["model"])

@@ -87,12 +87,25 @@ class RangeLoader:
 
     def __init__(self, runtime, pipeline):
         self.runtime, self.pipeline = runtime, pipeline
-        plan = runtime.plan
+        plan, store = runtime.plan, runtime.store
         self.rows, self.row_base = plan.group_rows(), plan.setup_rows()
         self.entries, self.entry_base = plan.group_entries(), plan.setup_entries()
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="oocgnn-load") if pipeline else None
         self.pending = None                           # (step, future)
         self.buffer = 0                               # which half holds the current group
+        # its own readers: what each load read is known exactly, whatever the trainer reads meanwhile
+        self.reader = store.reader("direct") if self.rows else None
+        self.lists_reader = NeighbourLists.index_reader(store) if self.entries else None
+
+    def io(self) -> tuple:
+        """(feature, list) reads of every load so far."""
+        return tuple(r.stats.snapshot() if r is not None else IOStats() for r in (self.reader, self.lists_reader))
+
+    def pending_io(self) -> tuple:
+        """(feature, list) reads of the load running ahead (done or not yet: waited for)."""
+        if self.pending is None:
+            return IOStats(), IOStats()
+        return self.pending[1].result()[2]
 
     def bases(self, half):
         """(first feature slot, first list entry) of buffer `half`."""
@@ -100,10 +113,10 @@ class RangeLoader:
 
     def _read(self, step, half):
         """Read `step`'s rows and lists into buffer `half`; returns (seconds reading, induced CSC or None)."""
-        t = time.perf_counter()
+        t, io0 = time.perf_counter(), self.io()
         rt = self.runtime
         base, entry_base = self.bases(half)
-        reader, rows = rt.cached.reader, rt.cached.rows
+        reader, rows = self.reader, rt.cached.rows
         if "features" in step.data and step.scattered:     # HB−: one coalesced gather of scattered rows
             ids = _ids_of_ranges(step.enter_ranges)
             rows[base:base + len(ids)] = _tensor(reader.read_rows(ids))
@@ -114,25 +127,26 @@ class RangeLoader:
                     rows[pos:pos + b - a] = _tensor(reader.read_range(a, b))
                     pos += b - a
         if "adjacency" in step.data:
-            rt.topology.read_ranges(step.enter_ranges, entry_base)
+            rt.topology.read_ranges(step.enter_ranges, entry_base, self.lists_reader)
         seconds, t = time.perf_counter() - t, time.perf_counter()
+        io = tuple(a - b for a, b in zip(self.io(), io0))
         induced = None
         if step.visible is not None:
             spans = rt.topology.group_spans(step.visible, step.enter_ranges if "adjacency" in step.data else [],
                                             entry_base)
             induced = induced_csc(rt.topology, step.visible, spans)
         rt._time("subgraph", time.perf_counter() - t)
-        return seconds, induced
+        return seconds, induced, io
 
     def load(self, step, next_step) -> tuple:
         """Make `step`'s ranges resident (returns the bases of their buffer); start loading `next_step`'s."""
         half = 1 - self.buffer if self.pipeline else 0
         if self.pending is not None and self.pending[0] is step:
             t = time.perf_counter()
-            seconds, induced = self.pending[1].result()
+            seconds, induced, _ = self.pending[1].result()
             self.runtime._time("wait", time.perf_counter() - t)
         else:
-            seconds, induced = self._read(step, half)
+            seconds, induced, _ = self._read(step, half)
         self.runtime._time("load", seconds)
         if induced is not None:
             self.runtime.sampler.prepare(step.visible, induced)
@@ -144,6 +158,9 @@ class RangeLoader:
     def close(self):
         if self.pool:
             self.pool.shutdown(wait=True)
+        for r in (self.reader, self.lists_reader):
+            if r is not None:
+                r.close()
 
 
 def _tensor(a):
@@ -249,11 +266,11 @@ class Runtime:
     # -- readers and the memory cap ------------------------------------------------------------
     def io(self) -> IOStats:
         """Everything the run's feature readers read so far (a reader replaced mid-run included)."""
-        return self.io_before_switch + self.cached.stats
+        return self.io_before_switch + self.cached.stats + self.loader.io()[0]
 
     def topology_io(self) -> IOStats:
         """Everything the run read of indices.bin."""
-        return self.topology.stats.snapshot()
+        return self.topology.stats + self.loader.io()[1]
 
     def switch_reader(self, reader):
         self.io_before_switch += self.cached.reader.stats
@@ -268,6 +285,18 @@ class Runtime:
 
     def cap_record(self) -> dict:
         return self.cap.record()
+
+    def state(self) -> dict:
+        """What a checkpoint needs of the runtime: the history stage (the rest follows from the plan)."""
+        stage = self.stage
+        return {"stats": dict(stage.stats), **({"emb": stage.emb.clone(), "stamp": stage.stamp.copy()}
+                                               if isinstance(stage, HistoryCache) else {})}
+
+    def load_state(self, state: dict):
+        self.stage.stats.update(state["stats"])
+        if isinstance(self.stage, HistoryCache):
+            self.stage.emb.copy_(state["emb"])
+            self.stage.stamp[:] = state["stamp"]
 
     @property
     def history_hits(self) -> int:

@@ -82,12 +82,15 @@ class Sampler:
         return blocks
 
 
-def sampled_steps(plan, sampler: Sampler, epochs=1, before=None):
+def sampled_steps(plan, sampler: Sampler, epochs=1, before=None, start=0):
     """(i, epoch, batch, step, sample) of a run, in order: `plan` is a plan or a schedule (walked for
     `epochs` epochs) or a list of (epoch, batch, step). `before(i, step)`, when given, runs before the
-    step is sampled (the executor applies its residency change there)."""
+    step is sampled (the executor applies its residency change there). `start`: skip the steps before
+    it (a resumed run; the samples of the others do not depend on them)."""
     steps = plan.steps(epochs) if hasattr(plan, "steps") else plan
     for i, (epoch, b, step) in enumerate(steps):
+        if i < start:
+            continue
         if before is not None:
             before(i, step)
         yield i, epoch, b, step, sampler.sample(step.seeds, epoch, b, step.visible)

@@ -35,7 +35,7 @@ def run_grid(base: TrainConfig, grid: dict, seeds=(0,), out_root="runs/sweep") -
         for seed in seeds:
             label = "-".join(f"{k}={v}" for k, v in combo.items()) or "base"
             out = Path(out_root) / f"{base.policy}-{label}-s{seed}"
-            s = train(base.replace(**combo, seed=seed, out=str(out)))
+            s = train(base.replace(**combo, seed=seed, out=str(out), force=True))   # the sweep's own directories
             settings = {"policy": base.policy, **combo, "seed": seed}
             logs.append(s["log"].assign(**settings))
             rows.append({**settings, **{k: s[k] for k in SUMMARY_COLUMNS},

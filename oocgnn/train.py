@@ -14,9 +14,9 @@ timers, I/O, memory accounting, time to a target accuracy) to its run directory.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import platform
+import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -27,14 +27,16 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from .config import TrainConfig
+from .config import POLICY_OPTIONS, SETTINGS, TrainConfig
+from .errors import UserError
 from .io import IOStats
 from .models import build_model
 from .policies import make_plan
+from .rundir import RunDir, read_json
 from .runtime import Runtime
 from .sampler import Sampler, sampled_steps
 from .store import open_store
-from .units import peak_rss, reset_peak_rss
+from .units import format_size, peak_rss, reset_peak_rss
 
 LOG_COLUMNS = ["wall_s", "epoch", "step", "train_loss", "val_acc", "test_acc",
                "bytes_read", "requests", "peak_rss"]
@@ -95,25 +97,64 @@ def _next_loads(steps) -> list:
     return out
 
 
+def _resumed(cfg: TrainConfig, run: RunDir) -> TrainConfig:
+    """The configuration of the run being resumed (its config.json), on the store given again."""
+    saved = read_json(run.path / "config.json")
+    settings = {k: v for k, v in saved.items() if k in SETTINGS or k in POLICY_OPTIONS}
+    if Path(settings.get("store", "")).resolve() != Path(cfg.store).resolve():
+        raise UserError(f"{run.path} is a run on {settings.get('store')}, not on {cfg.store}")
+    return TrainConfig.create(**{**settings, "resume": cfg.resume, "progress": cfg.progress, "out": str(run.path)})
+
+
+def _position(runtime, steps, start):
+    """Bring the runtime's residency to what it is before step `start`: load that step's group (in the
+    foreground: the next group then loads as an uninterrupted run's would, its reads counted alike)."""
+    j = next((k for k in range(start - 1, -1, -1) if steps[k][2].enter_ranges), None)
+    if j is not None and not steps[start][2].enter_ranges:
+        runtime.before(steps[j][2], None)
+
+
 def train(cfg: TrainConfig) -> dict:
-    """Run one training job; returns the summary (also written to the run directory)."""
+    """Run one training job; returns the summary (also written to the run directory).
+
+    With `cfg.checkpoint_every` it saves the model, the optimiser, the random state and the policy's
+    state every so many steps; `cfg.resume` (a run directory) continues such a run from its last
+    checkpoint, with the configuration it was started with, and ends with the same losses as an
+    uninterrupted run."""
     t_enter = time.perf_counter()
     reset_peak_rss()                               # this run's peak, not an earlier run's in this process
+    if cfg.resume:
+        run = RunDir.create(cfg.resume, resume=True)
+        cfg = _resumed(cfg, run)
+    else:
+        run = RunDir.create(Path(cfg.out) if cfg.out else default_run_dir(cfg), force=cfg.force)
     store = open_store(cfg.store)
-    run_dir = Path(cfg.out) if cfg.out else default_run_dir(cfg)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    for split in ("train", "val"):
+        if not len(getattr(store, f"{split}_idx")):
+            raise UserError(f"{store.path}: the {split} split is empty; a run needs training and validation nodes")
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     _seed_everything(cfg.seed)
     plan = make_plan(store, cfg)
+    if not plan.budgeted and plan.resident_bytes() > plan.budget:
+        print(f"oocgnn: note: {plan.name} keeps {format_size(plan.resident_bytes())} resident, more than the "
+              f"{format_size(plan.budget)} budget (it is a baseline: the budget does not bound it)", file=sys.stderr)
     runtime = Runtime(store, plan)
+    try:
+        return _train(cfg, run, store, plan, runtime, t_enter)
+    finally:
+        runtime.close()
+
+
+def _train(cfg, run, store, plan, runtime, t_enter) -> dict:
     sampler = runtime.sampler
-    (run_dir / "config.json").write_text(json.dumps({
-        **cfg.to_dict(), "store_meta": {k: store.meta[k] for k in
-                                        ("name", "num_nodes", "num_edges", "feat_dim", "num_parts")},
-        "policy_memory": plan.memory(), "schedule": repr(plan.schedule), "topology": plan.topology,
-        "host": {"python": platform.python_version(), "torch": torch.__version__, "cpus": os.cpu_count(),
-                 "loadavg": open("/proc/loadavg").read().split()[:3]}}, indent=2) + "\n")
+    if not cfg.resume:
+        run.write_json("config.json", {
+            **cfg.to_dict(), "store_meta": {k: store.meta[k] for k in
+                                            ("name", "num_nodes", "num_edges", "feat_dim", "num_parts")},
+            "policy_memory": plan.memory(), "schedule": repr(plan.schedule), "topology": plan.topology,
+            "host": {"python": platform.python_version(), "torch": torch.__version__, "cpus": os.cpu_count(),
+                     "loadavg": open("/proc/loadavg").read().split()[:3]}})
 
     labels = torch.from_numpy(store.compact_labels())
     model = build_model(cfg.model, store.feat_dim, cfg.hidden, store.num_classes, cfg.layers, cfg.dropout)
@@ -131,36 +172,66 @@ def train(cfg: TrainConfig) -> dict:
         steps = steps[:cfg.max_steps]
     next_load = _next_loads(steps)
     timers, rows, step_rows = _Timers(), [], []
-    train_s, loss_sum, loss_n = 0.0, 0.0, 0
-    excluded = IOStats()                           # reads of the setup and of evaluation
+    st = {"train_s": 0.0, "loss_sum": 0.0, "loss_n": 0}
+    excluded = IOStats()                           # reads of the setup, of evaluation, of a resume's reload
+    carried, carried_topology = IOStats(), IOStats()   # what a resumed run read before its checkpoint
 
     def log_eval(epoch, step):
-        nonlocal loss_sum, loss_n
         before = runtime.io()
         with timers("eval"):
             accs = {s: evaluate(model, eval_sampler, runtime.eval_rows, labels, ids, cfg.eval_batch_size)
                     for s, ids in eval_sets.items()}
         if runtime.eval_reader is None:            # else a background load may be what was read
             excluded.__iadd__(runtime.io() - before)
-        io = runtime.io() - excluded
-        rows.append({"wall_s": round(train_s, 4), "epoch": epoch, "step": step,
-                     "train_loss": loss_sum / loss_n if loss_n else float("nan"),
+        io = runtime.io() - excluded + carried
+        rows.append({"wall_s": round(st["train_s"], 4), "epoch": epoch, "step": step,
+                     "train_loss": st["loss_sum"] / st["loss_n"] if st["loss_n"] else float("nan"),
                      "val_acc": accs["val"], "test_acc": accs["test"],
                      "bytes_read": io.bytes_read, "requests": io.requests, "peak_rss": peak_rss()})
-        loss_sum, loss_n = 0.0, 0
-        pd.DataFrame(rows, columns=LOG_COLUMNS).to_csv(run_dir / "log.csv", index=False)
+        st["loss_sum"], st["loss_n"] = 0.0, 0
+        run.write_csv("log.csv", pd.DataFrame(rows, columns=LOG_COLUMNS))
         return accs
 
+    def checkpoint(step):
+        ahead, ahead_lists = runtime.loader.pending_io()   # a resumed run reads that group again
+        run.save_checkpoint({
+            "step": step, "model": model.state_dict(), "opt": opt.state_dict(),
+            "torch_rng": torch.get_rng_state(), "numpy_rng": np.random.get_state(), "history": runtime.state(),
+            "rows": rows, "step_rows": step_rows, "counters": dict(st), "timers": dict(timers.s),
+            "bg_timers": dict(runtime.timers), "io": (runtime.io() - excluded + carried - ahead).as_dict(),
+            "topology_io": (runtime.topology_io() - setup_topology_io + carried_topology - ahead_lists).as_dict()})
+
+    start = 0
     bar = tqdm(total=len(steps), desc=cfg.policy, unit="step", disable=not cfg.progress, leave=False)
-    walk = sampled_steps(steps, SimpleNamespace(sample=timers.timed("sample", sampler.sample)),
-                         before=timers.timed("load", lambda i, step: runtime.before(step, next_load[i])))
     with runtime.memory_cap():
         runtime.setup()                            # run-long residents: outside the timed epochs
+        eval_sampler = Sampler(runtime.eval_topology, [int(f) for f in cfg.eval_fanouts.split(",")], cfg.seed + 7)
+        if cfg.resume:
+            state = run.load_checkpoint()
+            start = state["step"]
+            model.load_state_dict(state["model"])
+            opt.load_state_dict(state["opt"])
+            runtime.load_state(state["history"])
+            rows[:], step_rows[:] = state["rows"], state["step_rows"]
+            st.update(state["counters"])
+            timers.s.update(state["timers"])
+            runtime.timers.update(state["bg_timers"])
+            carried, carried_topology = IOStats(**state["io"]), IOStats(**state["topology_io"])
+            if start < len(steps):
+                _position(runtime, steps, start)
+            torch.set_rng_state(state["torch_rng"])
+            np.random.set_state(state["numpy_rng"])
+            bar.update(start)
         setup_io, setup_topology_io = runtime.io(), runtime.topology_io()
         excluded += setup_io
-        eval_sampler = Sampler(runtime.eval_topology, [int(f) for f in cfg.eval_fanouts.split(",")], cfg.seed + 7)
-        log_eval(0, 0)                             # accuracy at time 0; also part of the warm-up
+        if not cfg.resume:
+            log_eval(0, 0)                         # accuracy at time 0; also part of the warm-up
+        elif start >= WARMUP_STEPS:
+            runtime.end_warmup()
         setup_s = time.perf_counter() - t_enter
+        walk = sampled_steps(steps, SimpleNamespace(sample=timers.timed("sample", sampler.sample)),
+                             before=timers.timed("load", lambda i, step: runtime.before(step, next_load[i])),
+                             start=start)
         io0, t0 = runtime.io(), time.perf_counter()
         for i, epoch, b, step, sample in walk:     # loads the step's ranges, then samples its batch
             with timers("gather"):
@@ -168,13 +239,16 @@ def train(cfg: TrainConfig) -> dict:
             with timers("compute"):
                 logits = runtime.forward(model, ctx, x, i)
                 loss = F.cross_entropy(logits, labels[torch.from_numpy(sample.output_nodes)].long())
+                if not torch.isfinite(loss):
+                    raise UserError(f"training diverged at step {i} (epoch {epoch}): the loss is {loss.item()}; "
+                                    f"lower --lr (now {cfg.lr}) or check the features")
                 opt.zero_grad()
                 loss.backward()
                 opt.step()
             del x, ctx, sample
-            loss_sum, loss_n = loss_sum + loss.item(), loss_n + 1
+            st["loss_sum"], st["loss_n"] = st["loss_sum"] + loss.item(), st["loss_n"] + 1
             step_s = time.perf_counter() - t0
-            train_s += step_s
+            st["train_s"] += step_s
             sio = runtime.io() - io0
             step_rows.append((epoch, b, step_s, sio.bytes_read, sio.pages, sio.requests, sio.seconds))
             bar.update()
@@ -185,27 +259,29 @@ def train(cfg: TrainConfig) -> dict:
                     or i + 1 == len(steps):
                 accs = log_eval(epoch, i + 1)
                 bar.set_postfix(val=f"{accs['val']:.3f}", loss=f"{rows[-1]['train_loss']:.3f}")
+            if cfg.checkpoint_every and (i + 1) % cfg.checkpoint_every == 0 and i + 1 < len(steps):
+                checkpoint(i + 1)
             steps[i] = next_load[i] = None         # a finished group's visible set can go
             io0, t0 = runtime.io(), time.perf_counter()
         if len(steps) < WARMUP_STEPS:
             runtime.end_warmup()
     bar.close()
     cap_record = runtime.cap_record()
-    io = runtime.io() - excluded
-    topology_io = runtime.topology_io() - setup_topology_io
+    io = runtime.io() - excluded + carried
+    topology_io = runtime.topology_io() - setup_topology_io + carried_topology
     reader = type(runtime.cached.reader).__name__
-    runtime.close()
 
     log = pd.DataFrame(rows, columns=LOG_COLUMNS)
-    pd.DataFrame(step_rows, columns=STEP_COLUMNS).to_csv(run_dir / "steps.csv", index=False)
+    run.write_csv("steps.csv", pd.DataFrame(step_rows, columns=STEP_COLUMNS))
     # a run cut by max_steps is extrapolated to a whole epoch at its mean step rate
+    train_s = st["train_s"]
     epochs_run = len(steps) / max(1, epoch_steps) if truncated else cfg.epochs
     best = int(log["val_acc"].idxmax())
     reached = log[log["val_acc"] >= cfg.target_acc] if cfg.target_acc else log.iloc[:0]
     stage = {k: round(v, 3) for k, v in {**timers.s, **{f"bg_{k}": v for k, v in runtime.timers.items()}}.items()}
     summary = {
         "policy": cfg.policy, "model": cfg.model, "store": str(store.path), "seed": cfg.seed,
-        "epochs": cfg.epochs, "steps": len(steps), "epoch_steps": epoch_steps,
+        "epochs": cfg.epochs, "steps": len(steps), "epoch_steps": epoch_steps, "resumed_at": start,
         "train_s": round(train_s, 3), "epoch_s": round(train_s / epochs_run, 3),
         "setup_s": round(setup_s, 3), "stage_s": stage,
         "best_val_acc": float(log["val_acc"][best]), "test_at_best_val": float(log["test_acc"][best]),
@@ -223,8 +299,8 @@ def train(cfg: TrainConfig) -> dict:
     }
     if hasattr(plan, "rule"):
         summary["hierbatching_rule"] = plan.rule()
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=float) + "\n")
-    return {**summary, "run_dir": str(run_dir), "log": log}
+    run.write_json("summary.json", summary)
+    return {**summary, "run_dir": str(run.path), "log": log}
 
 
 def train_fresh(cfg: TrainConfig) -> dict:

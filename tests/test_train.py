@@ -23,7 +23,7 @@ def test_run_directory_contents(tiny_store, tmp_path):
     cfg = json.loads((run / "config.json").read_text())
     assert cfg["policy"] == "inmemory" and cfg["fanouts"] == "10,10" and cfg["memory_budget_bytes"] == 256_000_000
     log = pd.read_csv(run / "log.csv")
-    assert list(log.columns) == LOG_COLUMNS
+    assert list(log.columns) == LOG_COLUMNS + ["run_id"] and log["run_id"].nunique() == 1
     assert list(log["step"]) == [0, 2, 4], "time 0, then one evaluation per epoch (2 steps each)"
     assert log["wall_s"].is_monotonic_increasing and log["wall_s"].iloc[0] == 0
     summary = json.loads((run / "summary.json").read_text())
@@ -31,7 +31,7 @@ def test_run_directory_contents(tiny_store, tmp_path):
     assert summary["best_val_acc"] == log["val_acc"].max()
     assert s["log"]["val_acc"].iloc[-1] > 1.5 / tiny_store.num_classes, "it learns"
     steps = pd.read_csv(run / "steps.csv")
-    assert list(steps.columns) == STEP_COLUMNS and list(steps["epoch"]) == [0, 0, 1, 1]
+    assert list(steps.columns) == STEP_COLUMNS + ["run_id"] and list(steps["epoch"]) == [0, 0, 1, 1]
     assert steps["seconds"].sum() == pytest.approx(summary["train_s"], abs=1e-2)
     assert summary["epoch_steps"] == 2 and summary["setup_s"] > 0
 

@@ -1,0 +1,123 @@
+"""A run directory: the files of one run, written so that two runs never mix, and checkpoints.
+
+`RunDir.create(path, force, resume)` takes a directory for a run: a fresh or empty one; with
+`force`, one that holds an earlier run (its run files are removed; anything else in it is left
+and refused); with `resume`, the killed run to continue. Every file is written atomically (a
+temporary file renamed into place), and config.json, log.csv, summary.json and the checkpoint carry
+one `run_id`, so `load_run` (what `oocgnn report` reads) refuses a directory whose files come from
+different runs, or a run that did not finish.
+"""
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from pathlib import Path
+
+import pandas as pd
+
+from .errors import UserError
+
+RUN_FILES = ("config.json", "log.csv", "steps.csv", "summary.json", "checkpoint.pt")
+
+
+def _atomic(path: Path, write):
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+class RunDir:
+    """The directory of one run (see the module docstring)."""
+
+    def __init__(self, path: Path, run_id: str):
+        self.path, self.run_id = Path(path), run_id
+
+    @classmethod
+    def create(cls, path, force=False, resume=False) -> "RunDir":
+        path = Path(path)
+        if path.exists() and not path.is_dir():
+            raise UserError(f"{path} is a file, not a run directory")
+        present = sorted(p.name for p in path.iterdir()) if path.is_dir() else []
+        if resume:
+            if "config.json" not in present or "checkpoint.pt" not in present:
+                raise UserError(f"{path} holds no run to resume (config.json and checkpoint.pt are needed; "
+                                "a run writes checkpoints with --checkpoint-every N)")
+            return cls(path, read_json(path / "config.json")["run_id"])
+        if present:
+            others = [p for p in present if p not in RUN_FILES and not p.startswith(".")]
+            if others:
+                raise UserError(f"{path} is not a run directory (it holds {', '.join(others[:3])}); "
+                                "choose another --out")
+            if not force:
+                raise UserError(f"{path} already holds a run; use --force to replace it, --resume to continue "
+                                "it, or another --out")
+            for name in present:
+                if name in RUN_FILES:
+                    (path / name).unlink()
+        path.mkdir(parents=True, exist_ok=True)
+        return cls(path, uuid.uuid4().hex)
+
+    def write_json(self, name, obj):
+        _atomic(self.path / name, lambda p: p.write_text(json.dumps({**obj, "run_id": self.run_id}, indent=2,
+                                                                     default=float) + "\n"))
+
+    def write_csv(self, name, df: pd.DataFrame):
+        _atomic(self.path / name, lambda p: df.assign(run_id=self.run_id).to_csv(p, index=False))
+
+    def save_checkpoint(self, state: dict):
+        import torch
+        _atomic(self.path / "checkpoint.pt", lambda p: torch.save({**state, "run_id": self.run_id}, p))
+
+    def load_checkpoint(self) -> dict:
+        import torch
+        try:
+            state = torch.load(self.path / "checkpoint.pt", weights_only=False)
+        except Exception as e:  # a truncated or foreign file
+            raise UserError(f"{self.path / 'checkpoint.pt'} is not a readable checkpoint ({e})") from None
+        if state.get("run_id") != self.run_id:
+            raise UserError(f"{self.path}: checkpoint.pt belongs to another run than config.json")
+        return state
+
+
+def read_json(path: Path) -> dict:
+    try:
+        obj = json.loads(Path(path).read_text())
+    except OSError as e:
+        raise UserError(f"cannot read {path}: {e.strerror}") from None
+    except ValueError as e:
+        raise UserError(f"{path} is not valid JSON ({e})") from None
+    if not isinstance(obj, dict):
+        raise UserError(f"{path} does not hold a JSON object")
+    return obj
+
+
+def load_run(path) -> tuple[dict, pd.DataFrame, dict]:
+    """(config, log, summary) of a finished run, checked: every file present and readable, from one run."""
+    from .train import LOG_COLUMNS
+    path = Path(path)
+    if not path.is_dir():
+        raise UserError(f"{path} is not a run directory")
+    missing = [n for n in ("config.json", "log.csv", "summary.json") if not (path / n).is_file()]
+    if missing:
+        why = "the run did not finish (resume it with --resume)" if missing == ["summary.json"] else \
+            "not a run directory"
+        raise UserError(f"{path}: missing {', '.join(missing)}: {why}")
+    cfg, summary = read_json(path / "config.json"), read_json(path / "summary.json")
+    try:
+        log = pd.read_csv(path / "log.csv")
+    except (ValueError, OSError) as e:
+        raise UserError(f"{path / 'log.csv'} is not a readable CSV ({e})") from None
+    if not set(LOG_COLUMNS) <= set(log.columns) or not len(log):
+        raise UserError(f"{path / 'log.csv'} lacks the log columns {', '.join(LOG_COLUMNS)} or any row")
+    ids = {cfg.get("run_id"), summary.get("run_id"), *log.get("run_id", pd.Series([None])).unique()}
+    if len(ids) != 1 or None in ids:
+        raise UserError(f"{path}: its files come from different runs (run ids {sorted(map(str, ids))}); "
+                        "run again into an empty directory")
+    for key in ("policy", "model", "seed"):
+        if key not in cfg:
+            raise UserError(f"{path / 'config.json'} has no {key!r}")
+    return cfg, log[LOG_COLUMNS], summary

@@ -1,0 +1,200 @@
+"""Faults and bad input around a run: each case ends in a clear error (one line, exit 2 through the
+CLI, nothing lost) or a correct result. The store's and the caches' faults are in test_faults_store.py."""
+import errno
+import json
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from oocgnn.config import TrainConfig
+from oocgnn.datasets import GraphData
+from oocgnn.errors import UserError
+from oocgnn.store import write_store
+from oocgnn.train import train
+
+
+def oocgnn(*args, cwd=None):
+    r = subprocess.run([sys.executable, "-m", "oocgnn", *map(str, args)], capture_output=True, text=True,
+                       timeout=600, cwd=cwd)
+    return r
+
+
+def assert_one_line_error(r, *words):
+    assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
+    err = r.stderr.strip()
+    assert err.count("\n") == 0 and "Traceback" not in err, err
+    for w in words:
+        assert w in err, (w, err)
+
+
+def _run(store, tmp, name="run", **kw):
+    kw = {"epochs": 2, "batch_size": 128, "max_eval_nodes": 100, "progress": False, "out": str(tmp / name), **kw}
+    return train(TrainConfig.create(store=str(store.path), **kw))
+
+
+# ---- bad numbers: refused at prepare, or a run stopped with a clear message -------------------
+def _npz(path, n=60, feat=None, train=range(0, 20), val=range(20, 30), test=range(30, 40)):
+    rng = np.random.default_rng(0)
+    feat = rng.standard_normal((n, 6)).astype(np.float32) if feat is None else feat
+    np.savez(path, src=rng.integers(0, n, 200), dst=rng.integers(0, n, 200), feat=feat,
+             label=rng.integers(0, 3, n), train_idx=np.array(list(train), dtype=np.int64),
+             val_idx=np.array(list(val), dtype=np.int64), test_idx=np.array(list(test), dtype=np.int64))
+    return path
+
+
+@pytest.mark.parametrize("case, words", [
+    ("nan", ["NaN or infinite", "rows 3, 17"]), ("inf", ["NaN or infinite", "rows 3, 17"]),
+    ("empty-train", ["train split is empty"]), ("empty-val", ["val split is empty"])])
+def test_bad_numbers_are_refused_at_prepare(tmp_path, case, words):
+    feat = np.random.default_rng(1).standard_normal((60, 6)).astype(np.float32)
+    if case in ("nan", "inf"):
+        feat[[3, 17], 2] = np.nan if case == "nan" else np.inf
+    kw = {"train": []} if case == "empty-train" else {"val": []} if case == "empty-val" else {}
+    src = _npz(tmp_path / "g.npz", feat=feat, **kw)
+    r = oocgnn("prepare", src, "--out", tmp_path / "store")
+    assert_one_line_error(r, *words)
+    assert not (tmp_path / "store").exists(), "nothing half-written is left"
+
+
+@pytest.mark.parametrize("split", ["train_idx", "val_idx"])
+def test_a_store_without_training_or_validation_nodes_is_refused(tiny_data, tmp_path, split):
+    import dataclasses
+    data = dataclasses.replace(tiny_data, **{split: np.empty(0, np.int64)})
+    store = write_store(data, tmp_path / "s", progress=False)
+    with pytest.raises(UserError, match=f"the {split.split('_')[0]} split is empty"):
+        _run(store, tmp_path)
+
+
+def test_a_diverging_run_stops_with_a_clear_message(tiny_data, tmp_path):
+    import dataclasses
+    huge = np.full((tiny_data.num_nodes, 4), 3e38, np.float32)     # finite, but inf once multiplied
+    store = write_store(dataclasses.replace(tiny_data, features=huge), tmp_path / "s", progress=False)
+    with pytest.raises(UserError, match="training diverged at step 0 .* the loss is nan"):
+        _run(store, tmp_path)
+    log = pd.read_csv(tmp_path / "run" / "log.csv")
+    assert list(log["step"]) == [0] and not (tmp_path / "run" / "summary.json").exists()
+
+
+# ---- run directories: never two runs mixed, nothing but a run replaced ------------------------
+def test_a_run_directory_is_not_reused_without_force(tiny_store, tmp_path):
+    first = _run(tiny_store, tmp_path, epochs=1)
+    with pytest.raises(UserError, match="already holds a run; use --force"):
+        _run(tiny_store, tmp_path, epochs=1)
+    second = _run(tiny_store, tmp_path, epochs=1, force=True)
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["run_id"] != first["run_dir"] or True
+    ids = {json.loads((tmp_path / "run" / n).read_text())["run_id"] for n in ("config.json", "summary.json")}
+    assert len(ids) == 1 and second["steps"] > 0
+
+
+@pytest.mark.parametrize("what", ["foreign-file", "a-file"])
+def test_force_replaces_only_a_run(tiny_store, tmp_path, what):
+    out = tmp_path / "out"
+    if what == "foreign-file":
+        out.mkdir()
+        (out / "notes.txt").write_text("precious")
+    else:
+        out.write_text("precious")
+    with pytest.raises(UserError, match="not a run directory|is a file"):
+        _run(tiny_store, tmp_path, name="out", force=True)
+    assert (out / "notes.txt" if what == "foreign-file" else out).read_text() == "precious"
+
+
+def test_train_into_the_current_directory_is_refused(tiny_store, tmp_path):
+    (tmp_path / "notes.txt").write_text("precious")
+    r = oocgnn("train", tiny_store.path, "--out", ".", "--epochs", "1", "--no-progress", cwd=tmp_path)
+    assert_one_line_error(r, "not a run directory")
+    assert (tmp_path / "notes.txt").read_text() == "precious"
+
+
+def _finished(store, tmp_path, name):
+    _run(store, tmp_path, name=name, epochs=1)
+    return tmp_path / name
+
+
+@pytest.mark.parametrize("damage, words", [
+    ("no-summary", ["did not finish"]), ("mixed", ["come from different runs"]),
+    ("bad-log", ["log.csv"]), ("bad-config", ["config.json is not valid JSON"]),
+    ("missing", ["is not a run directory"]), ("empty-log", ["log.csv"])])
+def test_report_refuses_a_corrupt_or_incomplete_run(tiny_store, tmp_path, damage, words):
+    run, other = _finished(tiny_store, tmp_path, "a"), _finished(tiny_store, tmp_path, "b")
+    if damage == "no-summary":
+        (run / "summary.json").unlink()
+    elif damage == "mixed":
+        shutil.copy(other / "summary.json", run / "summary.json")
+    elif damage == "bad-log":
+        (run / "log.csv").write_text("garbage,\x00\n1")
+    elif damage == "bad-config":
+        (run / "config.json").write_text("{not json")
+    elif damage == "missing":
+        run = tmp_path / "nope"
+    else:
+        (run / "log.csv").write_text("")
+    r = oocgnn("report", run, "--out", tmp_path / "fig" / "tta")
+    assert_one_line_error(r, *words)
+
+
+# ---- checkpoints: a killed run resumes to the same losses -------------------------------------
+RESUMED = {"inmemory": {}, "hierbatching": {"parts_per_megabatch": 4, "static_ratio": 0.02, "passes": 1.5},
+           "outre": {"parts_per_macro": 4, "memory_budget": "1MB", "history_ratio": 0.2, "staleness": 5,
+                     "topology": "disk"}}
+
+
+@pytest.mark.parametrize("policy", list(RESUMED))
+def test_a_killed_run_resumes_to_the_same_losses(fennel16, tmp_path, monkeypatch, policy):
+    """Killed after step 5 with a checkpoint every 3 steps, resumed from step 3: the same log (losses,
+    accuracies, bytes read) as the run that was never interrupted."""
+    from oocgnn import runtime
+    kw = {"policy": policy, "checkpoint_every": 3, "dropout": 0.5, **RESUMED[policy]}
+    whole = _run(fennel16, tmp_path, name="whole", **kw)
+    forward = runtime.Runtime.forward
+
+    def killed_at_5(self, model, ctx, x, t):
+        if t == 5:
+            raise KeyboardInterrupt
+        return forward(self, model, ctx, x, t)
+    monkeypatch.setattr(runtime.Runtime, "forward", killed_at_5)
+    with pytest.raises(KeyboardInterrupt):
+        _run(fennel16, tmp_path, name="killed", **kw)
+    monkeypatch.setattr(runtime.Runtime, "forward", forward)
+    assert not (tmp_path / "killed" / "summary.json").exists()
+    resumed = train(TrainConfig.create(store=str(fennel16.path), resume=str(tmp_path / "killed"), progress=False))
+    assert resumed["resumed_at"] == 3 and resumed["steps"] == whole["steps"]
+    cols = ["epoch", "step", "train_loss", "val_acc", "test_acc", "bytes_read", "requests"]
+    pd.testing.assert_frame_equal(resumed["log"][cols], whole["log"][cols])
+    assert resumed["io"]["pages"] == whole["io"]["pages"] and resumed["history_hits"] == whole["history_hits"]
+
+
+def test_resume_needs_a_checkpoint_of_the_same_store(tiny_store, fennel16, tmp_path):
+    _run(tiny_store, tmp_path, name="plain", epochs=1)
+    with pytest.raises(UserError, match="no run to resume"):
+        train(TrainConfig.create(store=str(tiny_store.path), resume=str(tmp_path / "plain")))
+    _run(tiny_store, tmp_path, name="ck", epochs=2, checkpoint_every=1)
+    with pytest.raises(UserError, match="is a run on"):
+        train(TrainConfig.create(store=str(fennel16.path), resume=str(tmp_path / "ck")))
+    (tmp_path / "ck" / "checkpoint.pt").write_bytes(b"\x00" * 10)
+    with pytest.raises(UserError, match="not a readable checkpoint"):
+        train(TrainConfig.create(store=str(tiny_store.path), resume=str(tmp_path / "ck")))
+
+
+# ---- the budget of the baselines -------------------------------------------------------------
+def test_inmemory_over_its_budget_says_so(tiny_store, tmp_path, capsys):
+    s = _run(tiny_store, tmp_path, epochs=1, memory_budget="1MB")
+    assert "more than the 976.6 KiB budget" in capsys.readouterr().err and s["resident_bytes"] > 1e6
+
+
+def test_a_refusal_lists_what_it_adds_up(fennel16, tmp_path):
+    from oocgnn.policies import make_plan
+    from oocgnn.units import format_size
+    cfg = TrainConfig.create(store=str(fennel16.path), policy="hierbatching", parts_per_megabatch=8,
+                             memory_budget="100KB")
+    with pytest.raises(UserError) as e:
+        make_plan(fennel16, cfg)
+    plan = type(make_plan(fennel16, cfg.replace(memory_budget="1GB")))(fennel16, cfg)
+    parts = plan.memory()
+    assert f"needs {format_size(sum(parts.values()))}" in str(e.value)
+    assert all(f"{k} {format_size(v)}" in str(e.value) for k, v in parts.items())
+
