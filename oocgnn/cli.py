@@ -177,7 +177,17 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print("oocgnn: interrupted", file=sys.stderr)
         return 130
+    except OSError as e:                  # the environment: a full or read-only disk, EIO, a path in the way
+        print(f"oocgnn: error: {os_error_line(e)}", file=sys.stderr)
+        return 2
     return 0
+
+
+def os_error_line(e: OSError) -> str:
+    """One line for an environment error, naming the file and what the system said."""
+    what = e.strerror or str(e) or type(e).__name__
+    names = [n for n in (e.filename, e.filename2) if n is not None]
+    return f"{what}: {' -> '.join(map(str, names))}" if names else what
 
 
 if __name__ == "__main__":

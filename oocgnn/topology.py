@@ -128,15 +128,17 @@ class NeighbourLists:
         return other
 
     # -- residency (the runtime applies a plan's steps) -----------------------------------------
-    def read_ranges(self, ranges, base) -> int:
+    def read_ranges(self, ranges, base, reader=None) -> int:
         """Read the lists of nodes [lo, hi) of each range into buf[base:], sequentially (range by range,
-        in `io.range_chunks` of entries); returns the entries written. May run in a loader thread."""
+        in `io.range_chunks` of entries), through `reader` (default this source's: a loader thread
+        passes its own); returns the entries written."""
         from .io import range_chunks
+        reader = reader or self.reader
         pos = base
         for lo, hi in ranges:
             a, b = int(self.indptr[lo]), int(self.indptr[hi])
             for c, d in range_chunks(a, b, self.dtype.itemsize):
-                self.buf[pos:pos + d - c] = self.reader.read_range(c, d)[:, 0]
+                self.buf[pos:pos + d - c] = self._checked(reader.read_range(c, d)[:, 0], c)
                 pos += d - c
         return pos - base
 
@@ -177,7 +179,17 @@ class NeighbourLists:
 
     def _read(self, nodes) -> np.ndarray:
         """The lists of `nodes`, concatenated in that order, read from indices.bin in one call."""
-        return self.reader.read_spans(self.indptr[nodes], self.indptr[nodes + 1])[:, 0]
+        return self._checked(self.reader.read_spans(self.indptr[nodes], self.indptr[nodes + 1])[:, 0])
+
+    def _checked(self, ids, at=None):
+        """`ids` as read, refused if one is not a node (a store damaged after it was opened must not
+        send the sampler out of bounds); one pass over what was read, small beside the read itself."""
+        if len(ids) and (int(ids.max()) >= self.num_nodes or (self.dtype.kind == "i" and int(ids.min()) < 0)):
+            from .errors import StoreError
+            where = f" (entries from {at})" if at is not None else ""
+            raise StoreError(f"store {self.store.path}: indices.bin holds a node id outside 0..{self.num_nodes - 1}"
+                             f"{where}; the file is damaged (run `oocgnn info --verify`)")
+        return ids
 
     # -- what the sampler asks ------------------------------------------------------------------
     def group_spans(self, nodes, ranges, base):

@@ -198,3 +198,98 @@ def test_a_refusal_lists_what_it_adds_up(fennel16, tmp_path):
     assert f"needs {format_size(sum(parts.values()))}" in str(e.value)
     assert all(f"{k} {format_size(v)}" in str(e.value) for k, v in parts.items())
 
+
+# ---- the environment: EIO (in the background loader too), a full or read-only disk, a path in the way
+def _cli(capsys, *args):
+    from oocgnn.cli import main
+    code = main([str(a) for a in args])
+    return code, capsys.readouterr().err.strip()
+
+
+def _eio_in(monkeypatch, thread_prefix):
+    """Make every direct read in threads named `thread_prefix*` fail as a dying disk does."""
+    import threading
+    from oocgnn.direct import DirectReader
+    issue, hit = DirectReader._issue, []
+
+    def failing(self, *a, **kw):
+        if threading.current_thread().name.startswith(thread_prefix):
+            hit.append(threading.current_thread().name)
+            raise OSError(errno.EIO, "Input/output error", str(self.path))
+        return issue(self, *a, **kw)
+    monkeypatch.setattr(DirectReader, "_issue", failing)
+    return hit
+
+
+HB = ("--policy", "hierbatching", "--parts-per-megabatch", 4)
+OUTRE = ("--policy", "outre", "--parts-per-macro", 4, "--memory-budget", "1MB", "--topology", "disk")
+
+
+@pytest.mark.parametrize("args, where", [(("--policy", "inmemory"), "MainThread"),
+                                         ((*HB, "--no-pipeline"), "MainThread"), (HB, "oocgnn-load"),
+                                         (OUTRE, "MainThread")], ids=["inmemory", "hb", "hb-loader", "outre"])
+def test_a_read_error_ends_the_run_in_one_line(fennel16, tmp_path, monkeypatch, capsys, args, where):
+    """EIO where the policy reads (for hierbatching's pipeline, in its loader thread): exit 2, one line
+    naming the file, and no run left looking finished."""
+    import threading
+    hit = _eio_in(monkeypatch, where)
+    before = threading.active_count()
+    code, err = _cli(capsys, "train", fennel16.path, *args, "--epochs", "1", "--no-progress",
+                     "--out", tmp_path / "run")
+    assert hit and code == 2, (hit, code, err)
+    lines = [line for line in err.splitlines() if not line.startswith("oocgnn: note:")]
+    assert len(lines) == 1 and "Input/output error" in lines[0] and ".bin" in lines[0], err
+    assert not (tmp_path / "run" / "summary.json").exists()
+    assert threading.active_count() <= before + 1     # the loader's and readers' pools are shut down
+
+
+@pytest.mark.parametrize("fault, code_name", [("ENOSPC", "No space left on device"),
+                                              ("EROFS", "Read-only file system")])
+def test_a_full_or_read_only_disk_ends_in_one_line(tiny_store, tmp_path, monkeypatch, capsys, fault, code_name):
+    """Writing the run's files fails: one line, exit 2, and no half-written file in the run directory."""
+    def failing(self, path, *a, **kw):
+        raise OSError(getattr(errno, fault), code_name, str(path))
+    monkeypatch.setattr(pd.DataFrame, "to_csv", failing)
+    code, err = _cli(capsys, "train", tiny_store.path, "--epochs", "1", "--no-progress",
+                     "--max-eval-nodes", "100", "--out", tmp_path / "run")
+    assert code == 2 and err.count("\n") == 0 and code_name in err, (code, err)
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["config.json"]
+
+
+def test_a_read_only_parent_ends_in_one_line(tiny_store, tmp_path, monkeypatch, capsys):
+    import pathlib
+    def failing(self, *a, **kw):
+        raise OSError(errno.EROFS, "Read-only file system", str(self))
+    monkeypatch.setattr(pathlib.Path, "mkdir", failing)
+    code, err = _cli(capsys, "train", tiny_store.path, "--epochs", "1", "--no-progress", "--out", tmp_path / "ro")
+    assert code == 2 and err == f"oocgnn: error: Read-only file system: {tmp_path / 'ro'}", err
+
+
+@pytest.mark.parametrize("where", ["out-under-a-file", "store-is-a-file"])
+def test_a_file_where_a_directory_is_expected(tiny_store, tmp_path, where):
+    (tmp_path / "f").write_text("precious")
+    if where == "out-under-a-file":
+        r = oocgnn("train", tiny_store.path, "--epochs", "1", "--no-progress", "--out", tmp_path / "f" / "run")
+    else:
+        r = oocgnn("train", tmp_path / "f", "--epochs", "1", "--no-progress", "--out", tmp_path / "run")
+    assert_one_line_error(r, str(tmp_path / "f"))
+    assert (tmp_path / "f").read_text() == "precious"
+
+
+@pytest.mark.parametrize("read", ["spans", "ranges"])
+def test_a_list_damaged_after_open_is_refused_when_read(fennel16, tmp_path, read):
+    """indices.bin damaged once the store is open (no checksum sees it then): the disk topology refuses
+    an out-of-range id as it reads it, instead of sampling out of bounds."""
+    from oocgnn.errors import StoreError
+    from oocgnn.store import open_store
+    from oocgnn.topology import NeighbourLists
+    shutil.copytree(fennel16.path, tmp_path / "s")
+    store = open_store(tmp_path / "s")
+    lists = NeighbourLists(store)
+    v = int(np.argmax(store.degrees()))
+    with open(tmp_path / "s" / "indices.bin", "r+b") as f:
+        f.seek(int(store.indptr[v]) * lists.dtype.itemsize)
+        f.write(np.array([store.num_nodes + 7], dtype=lists.dtype).tobytes())
+    with pytest.raises(StoreError, match="outside 0..4999"):
+        lists._read(np.array([v])) if read == "spans" else lists.read_ranges([(v, v + 1)], 0)
+    lists.close()
