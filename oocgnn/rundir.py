@@ -30,6 +30,11 @@ def _atomic(path: Path, write):
         tmp.unlink(missing_ok=True)
 
 
+def _leftover(name: str) -> bool:
+    """A temporary file `_atomic` left behind when its process was killed mid-write."""
+    return name.startswith(".") and ".tmp-" in name and name[1:].split(".tmp-")[0] in RUN_FILES
+
+
 class RunDir:
     """The directory of one run (see the module docstring)."""
 
@@ -46,6 +51,8 @@ class RunDir:
             if "config.json" not in present or "checkpoint.pt" not in present:
                 raise UserError(f"{path} holds no run to resume (config.json and checkpoint.pt are needed; "
                                 "a run writes checkpoints with --checkpoint-every N)")
+            if "summary.json" in present:
+                raise UserError(f"{path} holds a run that finished: there is nothing to resume")
             return cls(path, read_json(path / "config.json")["run_id"])
         if present:
             others = [p for p in present if p not in RUN_FILES and not p.startswith(".")]
@@ -56,7 +63,7 @@ class RunDir:
                 raise UserError(f"{path} already holds a run; use --force to replace it, --resume to continue "
                                 "it, or another --out")
             for name in present:
-                if name in RUN_FILES:
+                if name in RUN_FILES or _leftover(name):
                     (path / name).unlink()
         path.mkdir(parents=True, exist_ok=True)
         return cls(path, uuid.uuid4().hex)

@@ -103,7 +103,20 @@ def _resumed(cfg: TrainConfig, run: RunDir) -> TrainConfig:
     settings = {k: v for k, v in saved.items() if k in SETTINGS or k in POLICY_OPTIONS}
     if Path(settings.get("store", "")).resolve() != Path(cfg.store).resolve():
         raise UserError(f"{run.path} is a run on {settings.get('store')}, not on {cfg.store}")
-    return TrainConfig.create(**{**settings, "resume": cfg.resume, "progress": cfg.progress, "out": str(run.path)})
+    resumed = TrainConfig.create(**{**settings, "resume": cfg.resume, "progress": cfg.progress,
+                                    "threads": cfg.threads, "out": str(run.path)})
+    if cfg.out and Path(cfg.out).resolve() != run.path.resolve():
+        raise UserError(f"--resume continues {run.path} in place; --out {cfg.out} names another directory")
+    defaults = TrainConfig(store=cfg.store)
+    changed = [name for name in SETTINGS if name not in _RESUME_MAY_CHANGE
+               and cfg.get(name) != defaults.get(name) and cfg.get(name) != resumed.get(name)]
+    if changed:
+        raise UserError(f"--resume continues {run.path} with the settings it was started with; "
+                        + ", ".join(f"{n} {cfg.get(n)!r} differs from its {resumed.get(n)!r}" for n in changed))
+    return resumed
+
+
+_RESUME_MAY_CHANGE = {"store", "resume", "progress", "threads", "out", "force"}
 
 
 def _position(runtime, steps, start):

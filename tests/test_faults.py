@@ -81,13 +81,16 @@ def test_a_diverging_run_stops_with_a_clear_message(tiny_data, tmp_path):
 
 # ---- run directories: never two runs mixed, nothing but a run replaced ------------------------
 def test_a_run_directory_is_not_reused_without_force(tiny_store, tmp_path):
-    first = _run(tiny_store, tmp_path, epochs=1)
+    _run(tiny_store, tmp_path, epochs=1)
+    first = json.loads((tmp_path / "run" / "config.json").read_text())["run_id"]
     with pytest.raises(UserError, match="already holds a run; use --force"):
         _run(tiny_store, tmp_path, epochs=1)
+    (tmp_path / "run" / ".log.csv.tmp-99999").write_text("left by a killed writer")
     second = _run(tiny_store, tmp_path, epochs=1, force=True)
-    assert json.loads((tmp_path / "run" / "config.json").read_text())["run_id"] != first["run_dir"] or True
     ids = {json.loads((tmp_path / "run" / n).read_text())["run_id"] for n in ("config.json", "summary.json")}
-    assert len(ids) == 1 and second["steps"] > 0
+    ids |= set(pd.read_csv(tmp_path / "run" / "log.csv")["run_id"])
+    assert len(ids) == 1 and first not in ids and second["steps"] > 0
+    assert not (tmp_path / "run" / ".log.csv.tmp-99999").exists()
 
 
 @pytest.mark.parametrize("what", ["foreign-file", "a-file"])
@@ -173,11 +176,31 @@ def test_resume_needs_a_checkpoint_of_the_same_store(tiny_store, fennel16, tmp_p
     with pytest.raises(UserError, match="no run to resume"):
         train(TrainConfig.create(store=str(tiny_store.path), resume=str(tmp_path / "plain")))
     _run(tiny_store, tmp_path, name="ck", epochs=2, checkpoint_every=1)
+    (tmp_path / "ck" / "summary.json").unlink()                 # as if killed after its last checkpoint
     with pytest.raises(UserError, match="is a run on"):
         train(TrainConfig.create(store=str(fennel16.path), resume=str(tmp_path / "ck")))
     (tmp_path / "ck" / "checkpoint.pt").write_bytes(b"\x00" * 10)
     with pytest.raises(UserError, match="not a readable checkpoint"):
         train(TrainConfig.create(store=str(tiny_store.path), resume=str(tmp_path / "ck")))
+
+
+@pytest.mark.parametrize("given, words", [({"epochs": 9}, "epochs 9 differs from its 2"),
+                                          ({"passes": 3.0}, "passes 3.0 differs"),
+                                          ({"out": "elsewhere"}, "names another directory")])
+def test_resume_refuses_settings_that_differ_from_the_run(tiny_store, tmp_path, given, words):
+    """--resume continues a run with its own settings: a different value given beside it is refused, not
+    silently ignored (the same value, or the progress bar and threads, may be given)."""
+    _run(tiny_store, tmp_path, name="r", checkpoint_every=2, max_steps=3)
+    with pytest.raises(UserError, match="finished: there is nothing to resume"):
+        train(TrainConfig.create(store=str(tiny_store.path), resume=str(tmp_path / "r"), progress=False))
+    (tmp_path / "r" / "summary.json").unlink()                  # as if killed after its last checkpoint
+    ok = train(TrainConfig.create(store=str(tiny_store.path), resume=str(tmp_path / "r"), progress=False,
+                                  epochs=2, threads=1, max_eval_nodes=100))
+    assert ok["resumed_at"] == 2
+    (tmp_path / "r" / "summary.json").unlink()
+    given = {k: str(tmp_path / v) if k == "out" else v for k, v in given.items()}
+    with pytest.raises(UserError, match=words):
+        train(TrainConfig.create(store=str(tiny_store.path), resume=str(tmp_path / "r"), progress=False, **given))
 
 
 # ---- the budget of the baselines -------------------------------------------------------------
