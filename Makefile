@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 OOCGNN := $(VENV)/bin/oocgnn
 STAMP := $(VENV)/.installed
 
-.PHONY: run test venv notebooks clean-runs help
+.PHONY: run test venv notebooks clean-runs help data-small
 
 help:
 	@echo "make run   - generate the small synthetic graph, train in memory and through mmap,"
@@ -22,12 +22,14 @@ $(STAMP): requirements.txt pyproject.toml
 	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
 	touch $(STAMP)
 
-data/small/meta.json: | $(STAMP)
-	$(OOCGNN) prepare synthetic --preset small --out data/small --force
+# (re)made when missing, damaged or written by an older store format
+data-small: | $(STAMP)
+	@$(OOCGNN) info data/small >/dev/null 2>&1 || \
+	  $(OOCGNN) prepare synthetic --preset small --out data/small --force
 
 NOTEBOOKS := $(sort $(wildcard notebooks/[0-9][0-9]_*.ipynb))
 
-run: $(STAMP) data/small/meta.json
+run: $(STAMP) data-small
 	$(OOCGNN) info data/small
 	$(OOCGNN) train data/small --policy inmemory --epochs 5 --out runs/small-inmemory --force
 	$(OOCGNN) train data/small --policy mmap --memory-budget 32MB --epochs 5 --out runs/small-mmap --force

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -15,9 +16,9 @@ def _cmd_prepare(args):
     from .store import write_store
     from .synthetic import generate
     from .partition import check_args, order_from_assignment, partition, peak_rss
-    out = Path(args.out)
-    if out.exists() and not args.force:
-        raise UserError(f"a store already exists at {out} (use --force to replace it)")
+    from .store import check_target
+    out = Path(os.path.abspath(args.out))
+    check_target(out, args.force)                 # before the source is read: fail fast
     method = args.partitioner
     check_args(method, 1 if args.parts is None else args.parts)
     t0 = time.perf_counter()
@@ -47,8 +48,19 @@ def _cmd_prepare(args):
 
 
 def _cmd_info(args):
+    from .atomicdir import describe_leftovers
     from .store import open_store
-    summary = open_store(args.store, verify=not args.no_verify).summary()
+    from .store import upgrade_store
+    if args.no_verify and (args.verify or args.upgrade):
+        raise UserError(f"--no-verify contradicts {'--verify' if args.verify else '--upgrade'}")
+    if args.upgrade:
+        store = upgrade_store(args.store)
+        print(f"oocgnn: upgraded {args.store} to store format version {store.meta['version']}", file=sys.stderr)
+    else:
+        store = open_store(args.store, verify="full" if args.verify else not args.no_verify)
+    for line in describe_leftovers(Path(os.path.abspath(args.store))):
+        print(f"oocgnn: note: {line}", file=sys.stderr)
+    summary = store.summary()
     if args.json:
         print(json.dumps(summary, indent=2))
     else:
@@ -133,7 +145,8 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--preset", default="small", help="synthetic preset: tiny|small|medium|large")
     pr.add_argument("--out", required=True, help="store directory to create")
     pr.add_argument("--seed", type=int, default=0, help="generator seed (synthetic)")
-    pr.add_argument("--force", action="store_true", help="replace an existing store")
+    pr.add_argument("--force", action="store_true",
+                    help="replace an existing store (only a store: a directory with other files is refused)")
     pr.add_argument("--row-normalize", action="store_true",
                     help="scale each feature row to sum 1 (.npz sources; usual for bag-of-words)")
     pr.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -145,10 +158,20 @@ def build_parser() -> argparse.ArgumentParser:
     pr.set_defaults(func=_cmd_prepare)
 
     inf = sub.add_parser("info", help="describe a store", description="Validate a store and print "
-                         "N, E, D, classes, splits, partitions and bytes.")
+                         "N, E, D, classes, splits, partitions and bytes. Every open checks meta.json "
+                         "and its checksum, sizes, the small files' CRC32 and invariants; features.bin "
+                         "and indices.bin are CRC-checked once and then trusted while their size, mtime, "
+                         "ctime and inode are unchanged (--verify checks them again).")
     inf.add_argument("store")
     inf.add_argument("--json", action="store_true", help="print JSON")
-    inf.add_argument("--no-verify", action="store_true", help="skip checksum verification")
+    inf.add_argument("--verify", action="store_true",
+                     help="check the CRC32 of every file and every neighbour id now, even where a stamp "
+                          "says features.bin and indices.bin were checked (default: off)")
+    inf.add_argument("--upgrade", action="store_true",
+                     help="upgrade a store written by an older oocgnn in place, after checking every "
+                          "file (default: off)")
+    inf.add_argument("--no-verify", action="store_true",
+                     help="skip CRC32 checks (sizes, meta.json and invariants are still checked; default: off)")
     inf.set_defaults(func=_cmd_info)
 
     tr = sub.add_parser("train", help="train a model under a policy",

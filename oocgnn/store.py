@@ -3,14 +3,19 @@
 Store ids are the source ids relabelled by an `order` (store id i holds source node
 `order[i]`), so each partition is a contiguous id range and one sequential read
 (HierBatching §3.1). Feature rows are padded to a stride that never lets a row straddle a
-4 KiB page (`io.feature_row_stride`). Writes go to a temporary directory renamed into place;
-`open_store` validates everything and names the first problem it finds.
+4 KiB page (`io.feature_row_stride`). A write builds a temporary directory and swaps it into place
+under a lock (`atomicdir`); `--force` replaces only a store. `open_store` validates everything and
+names the first problem it finds: meta.json's every field and its checksum, file sizes, the small
+files' CRC32 and invariants (indptr, ids, labels, splits, parts) on every open, and the two big
+files' CRC32 once, then trusted while a stamp of their size, mtime, ctime and inode still matches
+(`verify="full"`, `oocgnn info --verify`, checks them again).
 """
 from __future__ import annotations
 
 import json
 import os
 import shutil
+import sys
 import time
 import zlib
 from functools import cached_property
@@ -19,6 +24,7 @@ from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
 
+from .atomicdir import describe_leftovers, swap_in, temp_path, writing
 from .datasets import GraphData, index_dtype
 from .errors import StoreError, UserError
 from .io import feature_row_stride
@@ -26,8 +32,12 @@ from .readers import open_reader
 from .units import format_size
 
 FORMAT = "oocgnn-store"
-VERSION = 1
+VERSION = 2            # 2: meta.json carries a checksum; stamps hold ctime and inode
 NPY_FILES = ("indptr", "labels", "train_idx", "val_idx", "test_idx", "part_offsets", "orig_ids")
+BIG_FILES = ("features.bin", "indices.bin")
+DATA_FILES = BIG_FILES + tuple(f"{n}.npy" for n in NPY_FILES)
+STAMP = ".verified.json"
+STORE_FILES = frozenset(("meta.json", STAMP) + DATA_FILES)
 _CHUNK_BYTES = 64 << 20
 
 
@@ -79,9 +89,8 @@ def write_store(data: GraphData, path, order=None, part_offsets=None, partitione
     `order[i]` is the source id of store id i; `part_offsets` ([K+1], default one part)
     gives the partition ranges in store ids. Atomic: a temporary directory renamed into place.
     """
-    path = Path(path)
-    if path.exists() and not force:
-        raise UserError(f"a store already exists at {path} (use --force / force=True to replace it)")
+    path = Path(os.path.abspath(path))
+    check_target(path, force)
     n, d = data.num_nodes, data.feat_dim
     order = np.arange(n, dtype=np.int64) if order is None else np.asarray(order, dtype=np.int64)
     if order.shape != (n,) or not np.array_equal(np.bincount(order, minlength=n), np.ones(n)):
@@ -93,74 +102,127 @@ def write_store(data: GraphData, path, order=None, part_offsets=None, partitione
     new_of_old[order] = np.arange(n, dtype=np.int64)
     identity = bool(np.array_equal(order, np.arange(n)))
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.parent / f".{path.name}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    try:
-        files = {}
-        itemsize = np.dtype(np.float32).itemsize
-        row_bytes, stride = d * itemsize, feature_row_stride(d * itemsize)
-        rows_per_chunk = max(1, _CHUNK_BYTES // stride)
-        bar = tqdm(total=2 * n, desc=f"writing {path.name}", unit="row", unit_scale=True,
-                   disable=not progress, leave=False)
-        feats = _CrcWriter(tmp / "features.bin")
-        for lo in range(0, n, rows_per_chunk):
-            hi = min(n, lo + rows_per_chunk)
-            block = np.zeros((hi - lo, stride // itemsize), dtype=np.float32)
-            block[:, :d] = data.features[order[lo:hi]]
-            feats.write(block)
-            bar.update(hi - lo)
-        files["features.bin"] = feats.close()
-
-        idx_dtype = index_dtype(n)
-        indices = _CrcWriter(tmp / "indices.bin")
-        deg = np.diff(data.indptr)[order]
-        indptr = np.zeros(n + 1, dtype=np.int64)
-        np.cumsum(deg, out=indptr[1:])
-        edge_chunk = max(1, int(n * (1 << 24) // max(1, data.num_edges)))   # ~16M edges a chunk
-        for lo in range(0, n, edge_chunk):
-            hi = min(n, lo + edge_chunk)
-            if identity:
-                nbrs = data.indices[data.indptr[lo]:data.indptr[hi]]
-            else:
-                nbrs = _relabelled_rows(data, order, new_of_old, lo, hi)
-            indices.write(np.asarray(nbrs, dtype=idx_dtype))
-            bar.update(hi - lo)
-        files["indices.bin"] = indices.close()
-        bar.close()
-
-        arrays = {"indptr": indptr, "labels": np.asarray(data.labels, dtype=np.int64)[order],
-                  "part_offsets": part_offsets, "orig_ids": order}
-        for split in ("train_idx", "val_idx", "test_idx"):
-            arrays[split] = np.sort(new_of_old[np.asarray(getattr(data, split), dtype=np.int64)])
-        for name, arr in arrays.items():
-            np.save(tmp / f"{name}.npy", arr)
-            files[f"{name}.npy"] = {"bytes": (tmp / f"{name}.npy").stat().st_size,
-                                    "crc32": _crc_file(tmp / f"{name}.npy")}
-        meta = {
-            "format": FORMAT, "version": VERSION, "name": data.name,
-            "num_nodes": n, "num_edges": int(data.num_edges), "feat_dim": d,
-            "dtype": "float32", "row_bytes": row_bytes, "row_stride": stride,
-            "index_dtype": np.dtype(idx_dtype).name, "num_classes": int(data.num_classes),
-            "partitioner": partitioner, "num_parts": len(part_offsets) - 1,
-            "splits": {s: len(arrays[f"{s}_idx"]) for s in ("train", "val", "test")},
-            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "source": {k: v for k, v in data.info.items() if _jsonable(v)},
-            "files": files,
-        }
-        (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
-        if path.exists():
-            trash = path.parent / f".{path.name}.old-{os.getpid()}"
-            path.rename(trash)
-            tmp.rename(path)
-            shutil.rmtree(trash)
-        else:
-            tmp.rename(path)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    _check_splits(data)
+    with writing(path) as notes:
+        for note in notes:
+            print(f"oocgnn: note: {note}", file=sys.stderr)
+        check_target(path, force)          # again, under the lock
+        tmp = temp_path(path)
+        tmp.mkdir()
+        try:
+            _write(data, tmp, path.name, order, new_of_old, identity, part_offsets, partitioner, progress)
+            swap_in(tmp, path)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
     return open_store(path, verify=False)
+
+
+def check_target(path: Path, force: bool):
+    """UserError unless a store may be written at `path`: nothing there, an empty directory, or with
+    `force` a directory holding only a store's files (`--force` never deletes anything else)."""
+    if os.path.realpath(os.getcwd()).startswith(os.path.realpath(path).rstrip("/") + "/") or \
+            os.path.realpath(os.getcwd()) == os.path.realpath(path):
+        raise UserError(f"cannot write a store at {path}: it is the current directory or holds it "
+                        "(name a new directory, e.g. --out data/mygraph)")
+    if not os.path.lexists(path):
+        return
+    if path.is_symlink() or not path.is_dir():
+        raise UserError(f"{path} is {'a link' if path.is_symlink() else 'a file'}, not a store: "
+                        "choose another --out (a store is a directory)")
+    entries = sorted(os.listdir(path))
+    if not entries:
+        return
+    foreign = [e for e in entries if e not in STORE_FILES or not (path / e).is_file() or (path / e).is_symlink()]
+    if foreign:
+        shown = ", ".join(foreign[:4]) + (f" and {len(foreign) - 4} more" if len(foreign) > 4 else "")
+        raise UserError(f"{path} holds files that are not a store's ({shown}): --force replaces only a "
+                        "store, never anything else; choose another --out or move them away")
+    if not force:
+        raise UserError(f"a store already exists at {path} (use --force / force=True to replace it)")
+
+
+def _check_splits(data: GraphData):
+    """Refuse splits a store cannot hold: repeated or shared ids, or unlabelled nodes."""
+    c = int(data.num_classes)
+    labels = np.asarray(data.labels)
+    seen = np.zeros(data.num_nodes, dtype=bool)
+    for split in ("train_idx", "val_idx", "test_idx"):
+        ids = np.asarray(getattr(data, split), dtype=np.int64)
+        if len(np.unique(ids)) != len(ids):
+            raise UserError(f"{data.name}: {split} lists a node more than once")
+        if seen[ids].any():
+            raise UserError(f"{data.name}: {split} shares {int(seen[ids].sum())} nodes with an earlier split")
+        seen[ids] = True
+        bad = ids[(labels[ids] < 0) | (labels[ids] >= c)]
+        if len(bad):
+            raise UserError(f"{data.name}: {len(bad)} {split} nodes have no label in 0..{c - 1} "
+                            f"(e.g. node {bad[0]} labelled {labels[bad[0]]})")
+
+
+def _write(data, tmp, name, order, new_of_old, identity, part_offsets, partitioner, progress):
+    """Every file of the store into the directory `tmp`, meta.json (with its checksum) and stamp last."""
+    n, d = data.num_nodes, data.feat_dim
+    files = {}
+    itemsize = np.dtype(np.float32).itemsize
+    row_bytes, stride = d * itemsize, feature_row_stride(d * itemsize)
+    rows_per_chunk = max(1, _CHUNK_BYTES // stride)
+    bar = tqdm(total=2 * n, desc=f"writing {name}", unit="row", unit_scale=True,
+               disable=not progress, leave=False)
+    feats = _CrcWriter(tmp / "features.bin")
+    for lo in range(0, n, rows_per_chunk):
+        hi = min(n, lo + rows_per_chunk)
+        block = np.zeros((hi - lo, stride // itemsize), dtype=np.float32)
+        block[:, :d] = data.features[order[lo:hi]]
+        feats.write(block)
+        bar.update(hi - lo)
+    files["features.bin"] = feats.close()
+
+    idx_dtype = index_dtype(n)
+    indices = _CrcWriter(tmp / "indices.bin")
+    deg = np.diff(data.indptr)[order]
+    indptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(deg, out=indptr[1:])
+    edge_chunk = max(1, int(n * (1 << 24) // max(1, data.num_edges)))   # ~16M edges a chunk
+    for lo in range(0, n, edge_chunk):
+        hi = min(n, lo + edge_chunk)
+        if identity:
+            nbrs = data.indices[data.indptr[lo]:data.indptr[hi]]
+        else:
+            nbrs = _relabelled_rows(data, order, new_of_old, lo, hi)
+        indices.write(np.asarray(nbrs, dtype=idx_dtype))
+        bar.update(hi - lo)
+    files["indices.bin"] = indices.close()
+    bar.close()
+
+    arrays = {"indptr": indptr, "labels": np.asarray(data.labels, dtype=np.int64)[order],
+              "part_offsets": part_offsets, "orig_ids": order}
+    for split in ("train_idx", "val_idx", "test_idx"):
+        arrays[split] = np.sort(new_of_old[np.asarray(getattr(data, split), dtype=np.int64)])
+    for name, arr in arrays.items():
+        with open(tmp / f"{name}.npy", "wb") as f:
+            np.save(f, arr)
+            f.flush()
+            os.fsync(f.fileno())
+        files[f"{name}.npy"] = {"bytes": (tmp / f"{name}.npy").stat().st_size,
+                                "crc32": _crc_file(tmp / f"{name}.npy")}
+    meta = {
+        "format": FORMAT, "version": VERSION, "name": data.name,
+        "num_nodes": n, "num_edges": int(data.num_edges), "feat_dim": d,
+        "dtype": "float32", "row_bytes": row_bytes, "row_stride": stride,
+        "index_dtype": np.dtype(idx_dtype).name, "num_classes": int(data.num_classes),
+        "partitioner": partitioner, "num_parts": len(part_offsets) - 1,
+        "splits": {s: len(arrays[f"{s}_idx"]) for s in ("train", "val", "test")},
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "source": {k: v for k, v in data.info.items() if _jsonable(v)},
+        "files": files,
+    }
+    meta["checksum"] = meta_checksum(meta)
+    with open(tmp / "meta.json", "w") as f:
+        f.write(json.dumps(meta, indent=2) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    _write_stamp(tmp, meta)                 # the big files' CRC32 were computed as they were written
 
 
 def _jsonable(v) -> bool:
@@ -174,27 +236,149 @@ def _jsonable(v) -> bool:
 def open_store(path, verify=True) -> "Store":
     """Open and validate a store; raise StoreError naming the first problem found.
 
-    Sizes, shapes and dtypes are always checked; `verify=True` also checks every file's
-    CRC32 (skipped when an earlier verification stamp matches the files' sizes and mtimes).
+    Always: meta.json (every field, its consistency and its checksum), each file's size, the .npy
+    files' shapes and dtypes and the invariants of indptr, labels, splits, parts and orig_ids.
+    `verify=True` adds the CRC32 of the .npy files, and of features.bin and indices.bin unless
+    their stamp (size, mtime, ctime, inode, written when they were last checked) still matches;
+    `verify="full"` checks every CRC32 and every neighbour id regardless; False no CRC32.
     """
     path = Path(path)
     meta_path = path / "meta.json"
     if not path.is_dir():
-        raise StoreError(f"no store at {path}: directory not found (create one with `oocgnn prepare`)")
+        left = describe_leftovers(path)
+        raise StoreError(f"no store at {path}: " + ("; ".join(left) if left else
+                         "directory not found (create one with `oocgnn prepare`)"))
     if not meta_path.is_file():
         raise StoreError(f"no store at {path}: meta.json is missing")
     try:
         meta = json.loads(meta_path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise StoreError(f"{meta_path} is not valid JSON ({e})") from None
-    if meta.get("format") != FORMAT or "version" not in meta:
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT or "version" not in meta:
         raise StoreError(f"{path} is not an oocgnn store (meta.json has no format/version)")
     if meta["version"] != VERSION:
+        if isinstance(meta["version"], int) and meta["version"] < VERSION:
+            raise StoreError(f"{path}: store format version {meta['version']} was written by an older "
+                             f"oocgnn (this one reads version {VERSION}); check and upgrade it in place with "
+                             f"`oocgnn info --upgrade {path}`, or re-create it with `oocgnn prepare`")
         raise StoreError(f"{path}: unknown store format version {meta['version']!r} "
                          f"(this oocgnn reads version {VERSION})")
+    if _is_int(meta.get("checksum")) and meta["checksum"] != meta_checksum(meta):
+        raise StoreError(f"store {path}: meta.json was edited or corrupted (its checksum does not match); "
+                         "re-create the store with `oocgnn prepare`")
+    problem = meta_problem(meta)
+    if problem:
+        raise StoreError(f"store {path}: meta.json {problem} (re-create the store with `oocgnn prepare`)")
     store = Store(path, meta)
     store.validate(verify=verify)
     return store
+
+
+def upgrade_store(path) -> "Store":
+    """Upgrade a version-1 store in place (its data files are unchanged; meta.json gains its
+    checksum) after a full check of every file against the CRC32 it records."""
+    path = Path(path)
+    try:
+        meta = json.loads((path / "meta.json").read_text())
+    except (OSError, ValueError) as e:
+        raise StoreError(f"no store to upgrade at {path} ({e})") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT or meta.get("version") != 1:
+        raise StoreError(f"{path} is not a version-1 oocgnn store (nothing to upgrade)")
+    meta = {**meta, "version": VERSION}
+    meta["checksum"] = meta_checksum(meta)
+    problem = meta_problem(meta)
+    if problem:
+        raise StoreError(f"store {path}: meta.json {problem}; it cannot be upgraded (re-create it)")
+    with writing(path):
+        store = Store(path, meta)
+        store.validate(verify="full")
+        tmp = path / f".meta.json.tmp-{os.getpid()}"
+        tmp.write_text(json.dumps(meta, indent=2) + "\n")
+        os.replace(tmp, path / "meta.json")
+        _write_stamp(path, meta)
+    return open_store(path)
+
+
+def meta_checksum(meta: dict) -> int:
+    """CRC32 of meta.json's content without its `checksum` field (keys sorted)."""
+    body = {k: v for k, v in meta.items() if k != "checksum"}
+    return zlib.crc32(json.dumps(body, sort_keys=True).encode())
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def meta_problem(meta: dict) -> str | None:
+    """What is wrong with a version-2 meta.json's fields and their consistency, or None."""
+    fields = {"name": str, "num_nodes": int, "num_edges": int, "feat_dim": int, "dtype": str,
+              "row_bytes": int, "row_stride": int, "index_dtype": str, "num_classes": int,
+              "partitioner": str, "num_parts": int, "splits": dict, "files": dict, "checksum": int}
+    for key, kind in fields.items():
+        if key not in meta:
+            return f"has no {key!r}"
+        if not (_is_int(meta[key]) if kind is int else isinstance(meta[key], kind)):
+            return f"field {key!r} is {meta[key]!r}, not {'an integer' if kind is int else kind.__name__}"
+    n, m, d = meta["num_nodes"], meta["num_edges"], meta["feat_dim"]
+    for key, low in (("num_nodes", 1), ("num_edges", 0), ("feat_dim", 1), ("num_classes", 1), ("num_parts", 1)):
+        if meta[key] < low:
+            return f"field {key!r} is {meta[key]}, below {low}"
+    if meta["num_parts"] > n:
+        return f"has {meta['num_parts']} parts for {n} nodes"
+    if meta["dtype"] != "float32":
+        return f"says features are {meta['dtype']!r}; stores hold float32"
+    if meta["row_bytes"] != d * 4:
+        return f"says rows are {meta['row_bytes']} bytes but feat_dim {d} x 4 bytes is {d * 4}"
+    if meta["row_stride"] != feature_row_stride(d * 4):
+        return f"says the row stride is {meta['row_stride']} but {d * 4}-byte rows take {feature_row_stride(d * 4)}"
+    if meta["index_dtype"] != np.dtype(index_dtype(n)).name:
+        return f"says neighbour ids are {meta['index_dtype']!r}; {n} nodes take {np.dtype(index_dtype(n)).name}"
+    splits = meta["splits"]
+    for s in ("train", "val", "test"):
+        if not _is_int(splits.get(s)) or splits[s] < 0:
+            return f"splits[{s!r}] is {splits.get(s)!r}, not a count"
+    if splits["train"] + splits["val"] + splits["test"] > n:
+        return f"splits hold {splits['train'] + splits['val'] + splits['test']} nodes, more than {n}"
+    files = meta["files"]
+    if set(files) != set(DATA_FILES):
+        missing, extra = set(DATA_FILES) - set(files), set(files) - set(DATA_FILES)
+        return f"lists the wrong files (missing {sorted(missing)}, unknown {sorted(extra)})"
+    for name, rec in files.items():
+        if not isinstance(rec, dict) or not _is_int(rec.get("bytes")) or rec["bytes"] < 0 \
+                or not _is_int(rec.get("crc32")) or not 0 <= rec["crc32"] < 2**32:
+            return f"has a bad record for {name}: {rec!r}"
+    want = {"features.bin": n * meta["row_stride"], "indices.bin": m * np.dtype(meta["index_dtype"]).itemsize}
+    for name, nbytes in want.items():
+        if files[name]["bytes"] != nbytes:
+            return f"says {name} has {files[name]['bytes']} bytes but N/E/stride imply {nbytes}"
+    return None
+
+
+def _rises(a, strictly=False, chunk=1 << 22) -> bool:
+    """Whether `a` never falls (or, `strictly`, always rises), checked in chunks: no N-sized temporary."""
+    for lo in range(0, max(len(a) - 1, 0), chunk):
+        hi = min(lo + chunk, len(a) - 1)
+        x, y = a[lo:hi], a[lo + 1:hi + 1]
+        if (np.any(y <= x) if strictly else np.any(y < x)):
+            return False
+    return True
+
+
+def _stat_key(path: Path) -> list:
+    st = path.stat()
+    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev]
+
+
+def _write_stamp(root: Path, meta: dict):
+    """Record that the big files matched their CRC32 as they are now (a read-only store skips it)."""
+    stamp = {"meta": meta["checksum"], "files": {f: _stat_key(root / f) for f in BIG_FILES},
+             "checked": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    tmp = root / f".{STAMP}.tmp-{os.getpid()}"
+    try:
+        tmp.write_text(json.dumps(stamp))
+        os.replace(tmp, root / STAMP)
+    except OSError:
+        tmp.unlink(missing_ok=True)
 
 
 class Store:
@@ -226,52 +410,107 @@ class Store:
                 "part_offsets.npy": (None, (k + 1,), "int64"), "orig_ids.npy": (None, (n,), "int64")}
 
     def validate(self, verify=True):
-        files = self.meta.get("files", {})
-        for name, (nbytes, shape, dtype) in self._expected().items():
+        """See `open_store`; sets `self.verified` to what was checked (for `oocgnn info`)."""
+        files = self.meta["files"]
+        small = {}
+        for name, (_, shape, dtype) in self._expected().items():
             f = self.path / name
             if not f.is_file():
                 raise StoreError(f"store {self.path}: missing file {name}")
-            size = f.stat().st_size
-            recorded = files.get(name, {}).get("bytes")
-            if nbytes is not None and recorded is not None and nbytes != recorded:
-                raise StoreError(f"store {self.path}: meta.json says {name} has {recorded} bytes "
-                                 f"but N/E/stride imply {nbytes}")
-            want = recorded if recorded is not None else nbytes
-            if want is not None and size != want:
+            size, want = f.stat().st_size, files[name]["bytes"]
+            if size != want:
                 kind = "truncated" if size < want else "larger than recorded"
-                raise StoreError(f"store {self.path}: {name} is {kind} "
-                                 f"({size} bytes, expected {want})")
+                raise StoreError(f"store {self.path}: {name} is {kind} ({size} bytes, expected {want})")
             if shape is not None:
                 try:
-                    arr = np.load(f, mmap_mode="r")
+                    arr = np.load(f, mmap_mode="r", allow_pickle=False)
                 except ValueError as e:
                     raise StoreError(f"store {self.path}: {name} is not a valid .npy file ({e})") from None
                 if arr.shape != shape or arr.dtype != np.dtype(dtype):
                     raise StoreError(f"store {self.path}: {name} has shape {arr.shape} dtype "
                                      f"{arr.dtype}, expected {shape} {dtype}")
+                small[name[:-4]] = arr
         if verify:
-            self._verify_checksums(files)
+            for name in small:
+                self._check_crc(f"{name}.npy")
+        self._check_invariants(small)
+        self.verified = "sizes and invariants only (no CRC32)"
+        if verify:
+            self.verified = self._verify_big_files(full=verify == "full")
 
-    def _verify_checksums(self, files):
-        stamp_path = self.path / ".verified.json"
-        now = {name: [(self.path / name).stat().st_size, (self.path / name).stat().st_mtime_ns]
-               for name in files}
-        try:
-            if json.loads(stamp_path.read_text()) == now:
-                return
-        except (OSError, ValueError):
-            pass
-        for name, rec in files.items():
-            if _crc_file(self.path / name) != rec["crc32"]:
-                raise StoreError(f"store {self.path}: checksum mismatch in {name} (the file was "
-                                 "modified or corrupted; re-create the store with `oocgnn prepare`)")
-        try:
-            stamp_path.write_text(json.dumps(now))
-        except OSError:
-            pass   # a read-only store is verified again next time
+    def _check_crc(self, name, check=None):
+        """The file's CRC32 against meta.json's, read in blocks; each block is also passed to `check`,
+        whose first complaint (a message) is raised once the CRC32 matched."""
+        crc, path, complaint = 0, self.path / name, None
+        with open(path, "rb") as f:
+            while block := f.read(16 << 20):
+                crc = zlib.crc32(block, crc)
+                if check is not None and complaint is None:
+                    complaint = check(block)
+        if crc != self.meta["files"][name]["crc32"]:
+            raise StoreError(f"store {self.path}: checksum mismatch in {name} (the file was modified or "
+                             "corrupted; re-create the store with `oocgnn prepare`)")
+        if complaint:
+            raise StoreError(f"store {self.path}: {complaint}; the store is damaged (re-create it with "
+                             "`oocgnn prepare`)")
+
+    def _check_invariants(self, a):
+        """What a run relies on, refused with the field named (cheap: the small files, O(N))."""
+        n, m, c = self.num_nodes, self.num_edges, self.num_classes
+
+        def bad(what):
+            raise StoreError(f"store {self.path}: {what}; the store is damaged (re-create it with `oocgnn prepare`)")
+        indptr = a["indptr"]
+        if indptr[0] != 0 or indptr[-1] != m or not _rises(indptr):
+            bad(f"indptr.npy does not rise from 0 to {m} (the edge count)")
+        labels = a["labels"]
+        if labels.min() < -1 or labels.max() >= c:
+            bad(f"labels.npy holds labels outside -1..{c - 1}")
+        seen = np.zeros(n, dtype=bool)
+        for split in ("train_idx", "val_idx", "test_idx"):
+            ids = np.asarray(a[split])
+            if len(ids) and (ids[0] < 0 or ids[-1] >= n or not _rises(ids, strictly=True)):
+                bad(f"{split}.npy is not a sorted list of distinct node ids in 0..{n - 1}")
+            if seen[ids].any():
+                bad(f"{split}.npy shares nodes with another split")
+            seen[ids] = True
+            if len(ids) and labels[ids].min() < 0:
+                bad(f"{split}.npy holds unlabelled nodes")
+        offsets = a["part_offsets"]
+        if offsets[0] != 0 or offsets[-1] != n or not _rises(offsets):
+            bad(f"part_offsets.npy does not rise from 0 to {n}")
+        orig = a["orig_ids"]
+        if orig.min() < 0 or orig.max() >= n:
+            bad("orig_ids.npy holds ids outside the graph")
+        seen[:] = False
+        seen[orig] = True                   # n ids in range that cover all n: a permutation
+        if not seen.all():
+            bad("orig_ids.npy is not a permutation of the node ids")
+
+    def _verify_big_files(self, full=False) -> str:
+        """CRC32 of features.bin and indices.bin (and every neighbour id in range) unless the stamp
+        says they were checked as they are now; writes the stamp after a pass."""
+        if not full:
+            try:
+                stamp = json.loads((self.path / STAMP).read_text())
+                if stamp["meta"] == self.meta["checksum"] and \
+                        stamp["files"] == {f: _stat_key(self.path / f) for f in BIG_FILES}:
+                    return f"small files now; features.bin and indices.bin checked {stamp['checked']}"
+            except (OSError, ValueError, KeyError, TypeError):
+                pass
+        dtype, n = np.dtype(self.meta["index_dtype"]), self.num_nodes
+
+        def ids_in_range(block):          # blocks are whole entries: 16 MiB, and the size was checked
+            ids = np.frombuffer(block, dtype=dtype)
+            if len(ids) and (ids.min() < 0 or ids.max() >= n):
+                return f"indices.bin holds a node id outside 0..{n - 1}"
+        self._check_crc("features.bin")
+        self._check_crc("indices.bin", ids_in_range)
+        _write_stamp(self.path, self.meta)
+        return "every file now (CRC32 and neighbour ids)"
 
     def _npy(self, name):
-        return np.load(self.path / f"{name}.npy")
+        return np.load(self.path / f"{name}.npy", allow_pickle=False)
 
     @cached_property
     def indptr(self):
@@ -279,7 +518,11 @@ class Store:
 
     @cached_property
     def indices(self):
-        return np.fromfile(self.path / "indices.bin", dtype=self.meta["index_dtype"])
+        ids = np.fromfile(self.path / "indices.bin", dtype=self.meta["index_dtype"])
+        if len(ids) and (ids.min() < 0 or ids.max() >= self.num_nodes):
+            raise StoreError(f"store {self.path}: indices.bin holds a node id outside 0..{self.num_nodes - 1}; "
+                             "the store is damaged (run `oocgnn info --verify`)")
+        return ids
 
     @cached_property
     def labels(self):
@@ -363,6 +606,9 @@ class Store:
     def summary(self) -> dict:
         """What `oocgnn info` prints."""
         sizes = np.diff(self.part_offsets)
+        source = self.meta.get("source")
+        partition = source.get("partition") if isinstance(source, dict) else None
+        partition = partition if isinstance(partition, dict) else {}
         files = {name: rec["bytes"] for name, rec in self.meta["files"].items()}
         return {
             "path": str(self.path), "name": self.meta["name"], "format_version": self.meta["version"],
@@ -372,9 +618,9 @@ class Store:
             "partitioner": self.meta["partitioner"], "parts": self.num_parts,
             "part_nodes_min/mean/max": f"{sizes.min()}/{sizes.mean():.0f}/{sizes.max()}",
             **{f"partition_{k}": (f"{v:.4f}" if isinstance(v, float) else v)
-               for k, v in self.meta.get("source", {}).get("partition", {}).items()
-               if k in ("edge_cut", "train_balance")},
+               for k, v in partition.items() if k in ("edge_cut", "train_balance")},
             "feature_bytes": format_size(files["features.bin"]),
             "topology_bytes": format_size(files["indices.bin"] + files["indptr.npy"]),
             "total_bytes": format_size(sum(files.values())),
+            "checked": getattr(self, "verified", "not validated"),
         }

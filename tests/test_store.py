@@ -7,7 +7,7 @@ import pytest
 from oocgnn.datasets import GraphData, csr_from_edges
 from oocgnn.errors import StoreError, UserError
 from oocgnn.io import PAGE
-from oocgnn.store import open_store, write_store
+from oocgnn.store import meta_checksum, open_store, write_store
 
 
 def _graph(n=300, d=100, seed=0):
@@ -70,7 +70,7 @@ def test_refuses_to_overwrite_and_force_replaces(tmp_path):
         write_store(g, tmp_path / "s", progress=False)
     s = write_store(_graph(seed=5), tmp_path / "s", force=True, progress=False)
     np.testing.assert_array_equal(s.labels, _graph(seed=5).labels)
-    assert [p.name for p in tmp_path.iterdir()] == ["s"], "no temporary directories left"
+    assert [p.name for p in tmp_path.iterdir() if p.name != ".s.lock"] == ["s"], "no temporary directories left"
 
 
 def test_failed_write_leaves_nothing(tmp_path):
@@ -78,7 +78,7 @@ def test_failed_write_leaves_nothing(tmp_path):
     g.features = _Exploding(g.features)
     with pytest.raises(RuntimeError):
         write_store(g, tmp_path / "s", progress=False)
-    assert list(tmp_path.iterdir()) == []
+    assert [p.name for p in tmp_path.iterdir()] == [".s.lock"], "only the (empty) lock file stays"
 
 
 class _Exploding:
@@ -124,6 +124,7 @@ def test_shape_mismatch(store_dir):
     np.save(store_dir / "labels.npy", np.zeros(299, dtype=np.int64))
     meta = json.loads((store_dir / "meta.json").read_text())
     meta["files"]["labels.npy"]["bytes"] = (store_dir / "labels.npy").stat().st_size
+    meta["checksum"] = meta_checksum(meta)          # re-stamped: only the shape check can see it
     (store_dir / "meta.json").write_text(json.dumps(meta))
     with pytest.raises(StoreError, match=r"labels.npy has shape \(299,\)"):
         open_store(store_dir)
