@@ -27,6 +27,7 @@ import re
 import sys
 import tempfile
 import time
+import zipfile
 import zlib
 from pathlib import Path
 
@@ -389,16 +390,12 @@ def partition(source, method, parts, seed=0, balance_train=True, passes=1, cache
     check_args(method, parts, csr.num_nodes)
     parts = int(parts)
     path = None if cache_dir is False else cache_path(csr, method, parts, seed, balance_train, passes, cache_dir)
-    if path is not None and path.is_file():
-        try:
-            with np.load(path) as z:
-                assignment, row = z["assignment"], json.loads(str(z["report"]))
-            if len(assignment) == csr.num_nodes:
-                if n_d is not None and row["n_d"] != n_d:      # n_d is not in the key: re-measure
-                    row.update(_quality(csr, assignment, parts, n_d, seed))
-                return assignment, pd.DataFrame([{**row, "cached": True}])
-        except (OSError, ValueError, KeyError):
-            pass   # unreadable: recompute and overwrite
+    cached = _load_cached(path, csr.num_nodes, method, parts) if path is not None else None
+    if cached is not None:
+        assignment, row = cached
+        if n_d is not None and row["n_d"] != n_d:      # n_d is not in the key: re-measure
+            row.update(_quality(csr, assignment, parts, n_d, seed))
+        return assignment, pd.DataFrame([{**row, "cached": True}])
     t0 = time.perf_counter()
     assignment = np.ascontiguousarray(PARTITIONERS[method](csr, parts, seed, balance_train, passes), np.int32)
     seconds = time.perf_counter() - t0
@@ -408,11 +405,50 @@ def partition(source, method, parts, seed=0, balance_train=True, passes=1, cache
            **_quality(csr, assignment, parts, n_d, seed), "seconds": seconds, "peak_rss": rss}
     row = {k: (v.item() if isinstance(v, np.generic) else v) for k, v in row.items()}
     if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.stem}.tmp-{os.getpid()}.npz")
-        np.savez(tmp, assignment=assignment, report=json.dumps(row))
-        os.replace(tmp, path)
+        _save_cached(path, assignment, json.dumps(row))
     return assignment, pd.DataFrame([{**row, "cached": False}])
+
+
+def _cache_checksum(assignment, report: str) -> int:
+    return zlib.crc32(report.encode(), zlib.crc32(np.ascontiguousarray(assignment, np.int32)))
+
+
+def _load_cached(path: Path, num_nodes, method, parts):
+    """(assignment, report row) from the cache file if it is whole and this partition's, else None
+    (missing, unreadable, damaged or another's: the caller recomputes and overwrites it)."""
+    if not path.is_file():
+        return None
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            assignment, report, checksum = z["assignment"], str(z["report"]), int(z["checksum"])
+        row = json.loads(report)
+    except (OSError, ValueError, KeyError, TypeError, zlib.error, EOFError, zipfile.BadZipFile):
+        return None
+    if (assignment.dtype != np.int32 or assignment.shape != (num_nodes,) or not isinstance(row, dict)
+            or row.get("method") != method or row.get("parts") != parts
+            or _cache_checksum(assignment, report) != checksum):
+        return None
+    if num_nodes and (assignment.min() < 0 or assignment.max() >= parts):
+        return None
+    return assignment, row
+
+
+def _save_cached(path: Path, assignment, report: str):
+    """Write the cache file atomically; a cache that cannot be written (a read-only or full disk) is
+    a warning, not a failure."""
+    tmp = path.with_name(f".{path.stem}.tmp-{os.getpid()}.npz")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(tmp, "wb") as f:
+            np.savez(f, assignment=assignment, report=report,
+                     checksum=np.int64(_cache_checksum(assignment, report)))
+        os.replace(tmp, path)
+    except OSError as e:
+        import warnings
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        warnings.warn(f"partition cache not written ({e.strerror or e}: {e.filename or path}); "
+                      "the partition is used but will be recomputed next time", stacklevel=3)
 
 
 def partitioned_store(data, path, method="metis", parts=256, seed=0, **kw):

@@ -11,11 +11,14 @@ import hashlib
 import json
 import os
 import shutil
+import zipfile
+import zlib
 from pathlib import Path
 
 import numba
 import numpy as np
 
+from .atomicdir import swap_in
 from .errors import UserError
 from .blocks import SAMPLER_VERSION
 from .io import PAGE, page_span
@@ -114,6 +117,7 @@ class Trace:
         self.row_bytes = int(row_bytes or row_stride)
         self.streams = dict(streams or {})             # name -> (offsets, ids), besides "features"
         self.cached = False                             # set by cached_trace when loaded from disk
+        self.saved_checksums = None                     # set by load: the CRC32s saved with the trace
         o = self.offsets
         if o.ndim != 1 or len(o) < 1 or o[0] != 0 or o[-1] != len(self.ids) or np.any(o[1:] < o[:-1]):
             raise UserError(f"bad trace offsets: must rise from 0 to {len(self.ids)}")
@@ -204,34 +208,54 @@ class Trace:
         return {"num_nodes": self.num_nodes, "params": self.params, "row_stride": self.row_stride,
                 "row_bytes": self.row_bytes, "streams": ["features", *self.streams]}
 
+    def arrays(self) -> dict:
+        out = {"features_offsets": self.offsets, "features_ids": self.ids}
+        for name, (o, i) in self.streams.items():
+            out[f"{name}_offsets"], out[f"{name}_ids"] = o, i
+        return out
+
+    def checksums(self) -> dict:
+        """CRC32 of every array (saved with the trace; a cached trace that does not match is rebuilt)."""
+        return {k: zlib.crc32(np.ascontiguousarray(a)) for k, a in self.arrays().items()}
+
+    def check(self):
+        """UserError unless every stream's offsets rise from 0 to its length and its ids are nodes."""
+        for name, (o, i) in {"features": (self.offsets, self.ids), **self.streams}.items():
+            if o.ndim != 1 or len(o) != len(self) + 1 or o[0] != 0 or o[-1] != len(i) or np.any(o[1:] < o[:-1]):
+                raise UserError(f"bad trace: the {name} offsets must rise from 0 to {len(i)}")
+            if len(i) and (i.min() < 0 or i.max() >= self.num_nodes):
+                raise UserError(f"bad trace: the {name} stream holds ids outside [0, {self.num_nodes})")
+
     def save(self, path) -> Path:
         """`<path>.npz`, or a directory of .npy files (memory-mapped by load); atomic."""
         path = Path(path)
-        arrays = {"features_offsets": self.offsets, "features_ids": self.ids}
-        for name, (o, i) in self.streams.items():
-            arrays[f"{name}_offsets"], arrays[f"{name}_ids"] = o, i
+        arrays, meta = self.arrays(), {**self.meta(), "crc32": self.checksums()}
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
         if path.suffix == ".npz":
-            with open(tmp, "wb") as f:
-                np.savez(f, meta=json.dumps(self.meta()), **arrays)
-            os.replace(tmp, path)
+            try:
+                with open(tmp, "wb") as f:
+                    np.savez(f, meta=json.dumps(meta), **arrays)
+                os.replace(tmp, path)
+            finally:
+                tmp.unlink(missing_ok=True)
             return path
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
-        for name, arr in arrays.items():
-            np.save(tmp / f"{name}.npy", arr)
-        (tmp / "meta.json").write_text(json.dumps(self.meta(), indent=1))
-        if path.exists():
-            shutil.rmtree(path)
-        tmp.rename(path)
+        try:
+            for name, arr in arrays.items():
+                np.save(tmp / f"{name}.npy", arr)
+            (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
+            swap_in(tmp, path)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
         return path
 
     @classmethod
     def load(cls, path, mmap=True) -> "Trace":
         path = Path(path)
         if path.suffix == ".npz":
-            with np.load(path) as z:
+            with np.load(path, allow_pickle=False) as z:
                 meta, arrays = json.loads(str(z["meta"])), {k: z[k] for k in z.files if k != "meta"}
         elif (path / "meta.json").is_file():
             meta = json.loads((path / "meta.json").read_text())
@@ -240,8 +264,10 @@ class Trace:
         else:
             raise UserError(f"no trace at {path}")
         streams = {s: (arrays[f"{s}_offsets"], arrays[f"{s}_ids"]) for s in meta["streams"] if s != "features"}
-        return cls(arrays["features_offsets"], arrays["features_ids"], meta["num_nodes"], meta["params"],
-                   meta["row_stride"], meta["row_bytes"], streams)
+        trace = cls(arrays["features_offsets"], arrays["features_ids"], meta["num_nodes"], meta["params"],
+                    meta["row_stride"], meta["row_bytes"], streams)
+        trace.saved_checksums = meta.get("crc32")
+        return trace
 
 
 def cached_trace(key_params: dict, cache_dir=None, build_fn=None, fmt="npz") -> Trace:
@@ -259,15 +285,21 @@ def cached_trace(key_params: dict, cache_dir=None, build_fn=None, fmt="npz") -> 
         if path.exists():
             try:
                 trace = Trace.load(path)
-                if trace.params == key_params:
+                if trace.params == key_params and trace.saved_checksums == trace.checksums():
+                    trace.check()
                     trace.cached = True
                     return trace
-            except (OSError, ValueError, KeyError):
-                pass          # unreadable or another key: rebuild and overwrite
+            except (OSError, ValueError, KeyError, TypeError, EOFError, zlib.error, zipfile.BadZipFile):
+                pass          # unreadable, damaged or another key's: rebuild and overwrite
     trace = build_fn()
     trace.params = key_params
     if path is not None:
-        trace.save(path)
+        try:
+            trace.save(path)
+        except OSError as e:
+            import warnings
+            warnings.warn(f"trace cache not written ({e.strerror or e}: {e.filename or path}); the trace "
+                          "is used but will be recorded again next time", stacklevel=2)
     return trace
 
 
