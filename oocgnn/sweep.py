@@ -17,11 +17,13 @@ SUMMARY_COLUMNS = ["train_s", "epoch_s", "best_val_acc", "test_at_best_val", "fi
                    "final_test_acc", "time_to_target_s", "resident_bytes", "peak_rss", "history_hits"]
 
 
-def run_grid(base: TrainConfig, grid: dict, seeds=(0,), out_root="runs/sweep") -> tuple[pd.DataFrame, pd.DataFrame]:
+def run_grid(base: TrainConfig, grid: dict, seeds=(0,), out_root="runs/sweep",
+             on_run=None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Train `base` with every combination in `grid` ({setting: [values]}) and every seed.
 
     Returns (logs, summaries): every run's log.csv rows labelled by its settings, and one
-    row per run with its summary (time, accuracy, bytes read, stage seconds).
+    row per run with its summary (time, accuracy, bytes read, stage seconds). `on_run(i, n, settings)`,
+    if given, is called before run i of n (a widget's progress bar).
     """
     bad = set(grid) - set(SETTINGS)
     if bad:
@@ -31,19 +33,21 @@ def run_grid(base: TrainConfig, grid: dict, seeds=(0,), out_root="runs/sweep") -
     for key, values in grid.items():
         combos = [{**c, key: v} for c in combos for v in values]
     logs, rows = [], []
-    for combo in combos:
-        for seed in seeds:
-            label = "-".join(f"{k}={v}" for k, v in combo.items()) or "base"
-            out = Path(out_root) / f"{base.policy}-{label}-s{seed}"
-            s = train(base.replace(**combo, seed=seed, out=str(out), force=True))   # the sweep's own directories
-            settings = {"policy": base.policy, **combo, "seed": seed}
-            logs.append(s["log"].assign(**settings))
-            rows.append({**settings, **{k: s[k] for k in SUMMARY_COLUMNS},
-                         "bytes_read": s["io"]["bytes_read"],
-                         **{f"{k}_s": v for k, v in s["stage_s"].items()}})
+    runs = [(combo, seed) for combo in combos for seed in seeds]
+    for i, (combo, seed) in enumerate(runs):
+        if on_run is not None:
+            on_run(i, len(runs), {**combo, "seed": seed})
+        label = "-".join(f"{k}={v}" for k, v in combo.items()) or "base"
+        out = Path(out_root) / f"{base.policy}-{label}-s{seed}"
+        s = train(base.replace(**combo, seed=seed, out=str(out), force=True))   # the sweep's own directories
+        settings = {"policy": base.policy, **combo, "seed": seed}
+        logs.append(s["log"].assign(**settings))
+        rows.append({**settings, **{k: s[k] for k in SUMMARY_COLUMNS},
+                     "bytes_read": s["io"]["bytes_read"],
+                     **{f"{k}_s": v for k, v in s["stage_s"].items()}})
     return pd.concat(logs, ignore_index=True), pd.DataFrame(rows)
 
 
-def sweep(base: TrainConfig, param: str, values, seeds=(0,), out_root="runs/sweep"):
+def sweep(base: TrainConfig, param: str, values, seeds=(0,), out_root="runs/sweep", on_run=None):
     """One knob: `run_grid(base, {param: values}, seeds)`."""
-    return run_grid(base, {param: list(values)}, seeds, out_root)
+    return run_grid(base, {param: list(values)}, seeds, out_root, on_run)

@@ -1,19 +1,73 @@
-"""ipywidgets front ends of `sweep`: pick a knob and its values, run, redraw the plots.
+"""ipywidgets front ends: the sweep form (`sweep_widget`) and a figure explorer (`figure_explorer`).
 
-Widgets only wrap library calls; headless runs (papermill, nbval) call `sweep` directly.
+Widgets only wrap library calls; headless runs (papermill, nbval) call `sweep` directly. A widget puts
+what it shows straight into its `Output` (`append_display_data`: the table, each figure as a PNG), so it
+appears in JupyterLab from a button or slider callback too, where the inline backend never flushes a
+figure; a run's error is one line in the widget's status, never a lost traceback.
 """
 from __future__ import annotations
 
+import html
+import io
+import time
+
 from .config import TrainConfig
+from .errors import UserError
 from .plots import plot_sweep
 from .policies import POLICIES
 from .sweep import sweep
 
 
+def error_line(e: BaseException) -> str:
+    """One readable line for an exception: a UserError's message, else 'Type: message'."""
+    lines = str(e).strip().splitlines()
+    if isinstance(e, UserError) and lines:
+        return lines[0]
+    return f"{type(e).__name__}: {lines[0]}" if lines else type(e).__name__
+
+
+def _status(kind: str, text: str) -> str:
+    """The status line as HTML: an error in red (prefixed "error: "), progress in grey, done in green."""
+    colour = {"error": "#b00020", "busy": "#555", "done": "#1b5e20"}[kind]
+    prefix = "error: " if kind == "error" else ""
+    return f'<span style="color:{colour}">{html.escape(prefix + text)}</span>'
+
+
+def figure_png(fig, dpi=100):
+    """The figure as an IPython PNG image (closed afterwards: a widget redraws many)."""
+    import matplotlib.pyplot as plt
+    from IPython.display import Image
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight")
+    plt.close(fig)
+    return Image(data=buf.getvalue(), format="png")
+
+
+def parse_values(text: str, kind: type, knob: str) -> list:
+    """The comma-separated values of a knob as its setting's type; a bad one is named."""
+    out = []
+    for token in (t.strip() for t in text.split(",")):
+        if not token:
+            continue
+        try:
+            if kind is bool:
+                if token.lower() not in ("true", "false", "1", "0"):
+                    raise ValueError(token)
+                out.append(token.lower() in ("true", "1"))
+            else:
+                out.append(kind(token))
+        except ValueError:
+            raise UserError(f"{knob} takes {kind.__name__} values; {token!r} is not one") from None
+    if not out:
+        raise UserError(f"give {knob} at least one value (comma-separated)")
+    return out
+
+
 def sweep_widget(base: TrainConfig, knobs: dict, seeds=(0,), out_root="runs/sweep"):
-    """A small form: knob dropdown, values text box, Run button; plots time-to-accuracy and
-    final accuracy of the sweep below it. `knobs` maps a setting (`config.SETTINGS`) to default values,
-    e.g. {"static_ratio": [0, 0.01, 0.04], "passes": [1, 2, 3], "staleness": [1, 10, 100]}.
+    """A small form: policy and knob dropdowns, values text box, epochs, Run button; below it a progress
+    bar (run i of n), a status line, the summary table and the sweep's plots (time to accuracy per value,
+    accuracy against the knob), redrawn on every run. `knobs` maps a setting (`config.SETTINGS`) to
+    default values, e.g. {"static_ratio": [0, 0.01, 0.04], "passes": [1, 2, 3]}.
     The returned box keeps the last sweep as `box.result` = (logs, summary, figure)."""
     import ipywidgets as w
     from IPython.display import display
@@ -22,25 +76,78 @@ def sweep_widget(base: TrainConfig, knobs: dict, seeds=(0,), out_root="runs/swee
     policy = w.Dropdown(options=list(POLICIES), value=base.policy, description="policy")
     epochs = w.IntSlider(value=base.epochs, min=1, max=30, description="epochs")
     run = w.Button(description="Run sweep", button_style="primary")
+    progress = w.IntProgress(value=0, min=0, max=1, description="runs")
+    status = w.HTML()
     out = w.Output()
 
     def on_knob(change):
         values.value = ", ".join(map(str, knobs[change["new"]]))
 
     def on_run(_):
-        with out:
-            out.clear_output()
-            kind = type(base.get(knob.value))
-            vals = [kind(v.strip()) for v in values.value.split(",") if v.strip()]
+        out.outputs = ()
+        run.disabled, progress.value, t0 = True, 0, time.perf_counter()
+        try:
+            vals = parse_values(values.value, type(base.get(knob.value)), knob.value)
+            n = len(vals) * len(seeds)
+            progress.max = n
+
+            def started(i, n, settings):
+                progress.value = i
+                shown = ", ".join(f"{k}={v}" for k, v in settings.items())
+                status.value = _status("busy", f"run {i + 1} of {n}: {shown}")
             cfg = base.replace(policy=policy.value, epochs=epochs.value, progress=False)
-            logs, summary = sweep(cfg, knob.value, vals, seeds, out_root=out_root)
+            logs, summary = sweep(cfg, knob.value, vals, seeds, out_root=out_root, on_run=started)
+            progress.value = n
+            status.value = _status("done", f"run {n} of {n} finished ({time.perf_counter() - t0:.0f} s)")
             fig = plot_sweep(logs, summary, knob.value)
-            display(summary)
             box.result = (logs, summary, fig)
+            out.append_display_data(summary)
+            out.append_display_data(figure_png(fig))
+        except Exception as e:          # noqa: BLE001 - shown in the widget, as one line
+            status.value = _status("error", error_line(e))
+        finally:
+            run.disabled = False
 
     knob.observe(on_knob, names="value")
     run.on_click(on_run)
-    box = w.VBox([w.HBox([policy, knob, values]), w.HBox([epochs, run]), out])
+    box = w.VBox([w.HBox([policy, knob, values]), w.HBox([epochs, run]), w.HBox([progress, status]), out])
     box.result = None
+    box.controls = {"policy": policy, "knob": knob, "values": values, "epochs": epochs, "run": run,
+                    "progress": progress, "status": status, "output": out}
+    display(box)
+    return box
+
+
+def figure_explorer(draw, **controls):
+    """Controls above an output that shows `draw(**values)`'s figure, redrawn whenever a control moves.
+
+    A control is an ipywidget (a slider, a dropdown...) or a list of options (a dropdown). An error in
+    `draw` is one line in the explorer's status. The box keeps the last figure as `box.figure`."""
+    import ipywidgets as w
+    from IPython.display import display
+    ctrls = {k: c if isinstance(c, w.Widget) else w.Dropdown(options=list(c), description=k)
+             for k, c in controls.items()}
+    for k, c in ctrls.items():
+        if not getattr(c, "description", None):
+            c.description = k
+    status, out = w.HTML(), w.Output()
+
+    def redraw(_=None):
+        status.value = ""
+        try:
+            fig = draw(**{k: c.value for k, c in ctrls.items()})
+            box.figure = fig
+            image = figure_png(fig)
+        except Exception as e:          # noqa: BLE001 - shown in the explorer, as one line
+            status.value = _status("error", error_line(e))
+            return
+        out.outputs = ()
+        out.append_display_data(image)
+
+    box = w.VBox([*ctrls.values(), status, out])
+    box.figure, box.controls = None, {**ctrls, "status": status, "output": out}
+    for c in ctrls.values():
+        c.observe(redraw, names="value")
+    redraw()
     display(box)
     return box

@@ -1,4 +1,6 @@
 """Sweeps and the widgets that wrap them."""
+import html
+
 import pytest
 
 from oocgnn.config import TrainConfig
@@ -11,9 +13,13 @@ def _base(store):
 
 
 def test_grid_runs_every_combination_and_seed(tiny_store, tmp_path):
+    """Every combination and seed is trained once; `on_run` hears of each before it starts."""
+    started = []
     logs, summary = run_grid(_base(tiny_store), {"hidden": [8, 16], "dropout": [0.0, 0.5]}, seeds=(0, 1),
-                             out_root=tmp_path)
+                             out_root=tmp_path, on_run=lambda i, n, settings: started.append((i, n, settings)))
     assert len(summary) == 8
+    assert [(i, n) for i, n, _ in started] == [(i, 8) for i in range(8)]
+    assert started[-1][2] == {"hidden": 16, "dropout": 0.5, "seed": 1}
     assert set(map(tuple, summary[["hidden", "dropout", "seed"]].values.tolist())) == \
         {(h, d, s) for h in (8, 16) for d in (0.0, 0.5) for s in (0, 1)}
     assert set(logs["hidden"]) == {8, 16} and {"wall_s", "val_acc"} <= set(logs.columns)
@@ -25,18 +31,96 @@ def test_unknown_knob_is_a_user_error(tiny_store, tmp_path):
         sweep(_base(tiny_store), "warp_factor", [1, 2], out_root=tmp_path)
 
 
+def _images(out) -> int:
+    return sum("image/png" in o.get("data", {}) for o in out.outputs)
+
+
 def test_widget_runs_the_sweep_it_shows(tiny_store, tmp_path):
-    """Pressing Run sweep trains the policy and values the form shows, and draws one line per value."""
+    """Pressing Run sweep trains the policy and values the form shows, counts its runs in the progress bar,
+    and puts the table and the plots (a PNG) into its own output, where JupyterLab shows them."""
     import matplotlib
     matplotlib.use("Agg")
     from oocgnn.widgets import sweep_widget
     box = sweep_widget(_base(tiny_store), {"hidden": [8, 16], "dropout": [0.0]}, out_root=tmp_path)
-    (policy, knob, values), (epochs, run), _ = (c.children if hasattr(c, "children") else c for c in box.children)
-    assert knob.value == "hidden" and values.value == "8, 16"
-    knob.value = "dropout"
-    assert values.value == "0.0", "choosing a knob shows its values"
-    knob.value, values.value, epochs.value = "hidden", "8, 12", 1
-    run.click()
+    c = box.controls
+    assert c["knob"].value == "hidden" and c["values"].value == "8, 16"
+    c["knob"].value = "dropout"
+    assert c["values"].value == "0.0", "choosing a knob shows its values"
+    seen = []
+    c["progress"].observe(lambda ch: seen.append(ch["new"]), names="value")
+    c["knob"].value, c["values"].value, c["epochs"].value = "hidden", "8, 12", 1
+    c["run"].click()
     logs, summary, fig = box.result
-    assert list(summary["hidden"]) == [8, 12] and (summary["policy"] == policy.value).all()
+    assert list(summary["hidden"]) == [8, 12] and (summary["policy"] == c["policy"].value).all()
     assert len(fig.axes[0].lines) == 2 and sorted(logs["epoch"].unique()) == [0]
+    assert seen[-1] == c["progress"].max == 2 and 1 in seen, seen
+    assert "run 2 of 2 finished" in c["status"].value
+    assert _images(c["output"]) == 1
+    assert any("text/html" in o["data"] and "<table" in o["data"]["text/html"] for o in c["output"].outputs)
+    c["values"].value = "8"
+    c["run"].click()                                    # redrawn, not appended
+    assert _images(c["output"]) == 1 and list(box.result[1]["hidden"]) == [8]
+
+
+@pytest.mark.parametrize("knob, text, words", [("hidden", "8, lots", "'lots' is not one"),
+                                                ("hidden", " , ", "at least one value"),
+                                                ("hidden", "0", "hidden")])
+def test_widget_shows_an_error_as_one_line(tiny_store, tmp_path, knob, text, words):
+    """A bad value, or a run that fails, is one line in the widget's status; the last result stays."""
+    from oocgnn.widgets import sweep_widget
+    box = sweep_widget(_base(tiny_store), {"hidden": [8]}, out_root=tmp_path)
+    c = box.controls
+    c["knob"].value, c["values"].value = knob, text
+    c["run"].click()
+    status = html.unescape(c["status"].value)
+    print(status)
+    assert "error: " in status and words in status and "Traceback" not in status, status
+    assert status.count("<br") == 0 and box.result is None and not c["run"].disabled
+
+
+def test_widget_shows_a_failed_run_as_its_type_and_message(tiny_store, tmp_path, monkeypatch):
+    import oocgnn.widgets as widgets
+
+    def crash(*args, **kwargs):
+        raise RuntimeError("worker died\nTraceback (most recent call last): ...")
+    monkeypatch.setattr(widgets, "sweep", crash)
+    box = widgets.sweep_widget(_base(tiny_store), {"hidden": [8]}, out_root=tmp_path)
+    box.controls["run"].click()
+    assert "error: RuntimeError: worker died<" in html.unescape(box.controls["status"].value)
+    assert box.controls["output"].outputs == () and not box.controls["run"].disabled
+
+
+def test_error_line_is_one_readable_line():
+    from oocgnn.widgets import error_line
+    assert error_line(UserError("hidden must be positive\nsee --help")) == "hidden must be positive"
+    assert error_line(ValueError("bad shape\n  more")) == "ValueError: bad shape"
+    assert error_line(KeyError()) == "KeyError"
+
+
+def test_figure_explorer_redraws_and_reports_errors():
+    """The explorer shows draw()'s figure as a PNG in its output, replaces it when a control moves, and
+    shows draw()'s error as one status line, clearing it on the next good draw."""
+    import ipywidgets as w
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from oocgnn.widgets import figure_explorer
+
+    def draw(kind, n):
+        if n > 5:
+            raise UserError(f"n must be at most 5, got {n}")
+        fig, ax = plt.subplots()
+        ax.plot(range(n)) if kind == "line" else ax.bar(range(n), range(n))
+        return fig
+    box = figure_explorer(draw, kind=["line", "bar"], n=w.IntSlider(3, min=1, max=9))
+    c = box.controls
+    first = c["output"].outputs[0]["data"]["image/png"]
+    assert len(box.figure.axes[0].lines) == 1
+    c["n"].value = 4
+    assert len(c["output"].outputs) == 1 and c["output"].outputs[0]["data"]["image/png"] != first
+    c["kind"].value = "bar"
+    assert len(box.figure.axes[0].lines) == 0 and len(box.figure.axes[0].patches) == 4
+    c["n"].value = 7
+    assert "error: n must be at most 5, got 7" in c["status"].value
+    c["n"].value = 2
+    assert c["status"].value == "" and len(c["output"].outputs) == 1
