@@ -17,7 +17,9 @@ HERE = Path(__file__).resolve().parent
 
 def refresh(path: Path):
     nb = nbformat.read(path, as_version=4)
-    NotebookClient(nb, timeout=1800, kernel_name="python3",
+    # nbval runs its kernels under pytest, where ipykernel does not forward what subprocesses write to
+    # fd 1/2 (train_fresh's notes); store the outputs nbval will see
+    NotebookClient(nb, timeout=1800, kernel_name="python3", extra_arguments=["--IPKernelApp.capture_fd_output=False"],
                    resources={"metadata": {"path": str(HERE)}}).execute()
     for cell in nb.cells:
         cell.metadata.pop("execution", None)
