@@ -13,7 +13,7 @@ sample_neighbors + to_block, and the `Block` it produces.
 Threading: the kernels release the GIL; the pick runs under `numba.prange`. The `workqueue`
 layer (set by `oocgnn/__init__.py`) aborts the process if two threads launch parallel kernels at
 once, so the sampler launches one only while holding `_PAR_LOCK` and otherwise runs the serial
-twin (same picks). Parallel numba code elsewhere does not take that lock.
+twin (same picks). The layers' kernels (`oocgnn.aggregate`) take the same lock.
 """
 from __future__ import annotations
 

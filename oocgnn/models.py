@@ -1,5 +1,10 @@
 """GNN models on blocks (message-flow graphs, `oocgnn.blocks.Block`): GraphSAGE, GAT, GIN, and an
-MLP control. The layers are DGL's modules, fed each block's `to_dgl()`.
+MLP control, on any torch device and without DGL.
+
+The layers (`SAGEConv`, `GATConv`, `GINConv`) are torch-native re-implementations of DGL 1.1's
+modules of the same names on our blocks (`oocgnn.aggregate`): the same parameters under the same
+names, initialised in the same order (a seed gives the same weights as DGL's), and with the same
+weights the same outputs and gradients (tests against DGL).
 
 Every model takes `(blocks, x)` where `x` holds the input rows of `blocks[0]` and returns
 logits for the destination nodes of `blocks[-1]` (the seeds). A block's destination nodes come
@@ -10,11 +15,85 @@ replace some of its input rows (OUTRE's historical embeddings of layer L−1) an
 """
 from __future__ import annotations
 
-import dgl.nn as dglnn
+import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .aggregate import BlockTensors, aggregate_with_dst, attention_logits, edge_softmax, weighted_sum
 from .errors import UserError
+
+
+class SAGEConv(nn.Module):
+    """GraphSAGE's mean aggregator (Hamilton et al. 2017): fc_self(h_dst) + fc_neigh(mean of h_src);
+    projects before aggregating when that narrows the rows (as DGL does). DGL: SAGEConv(..., "mean")."""
+
+    def __init__(self, in_feats, out_feats):
+        super().__init__()
+        self.in_feats, self.out_feats = in_feats, out_feats
+        self.fc_neigh = nn.Linear(in_feats, out_feats, bias=False)
+        self.fc_self = nn.Linear(in_feats, out_feats, bias=True)
+        gain = nn.init.calculate_gain("relu")
+        nn.init.xavier_uniform_(self.fc_self.weight, gain=gain)
+        nn.init.xavier_uniform_(self.fc_neigh.weight, gain=gain)
+
+    def forward(self, block, h):
+        """h [num_src, in_feats] -> [num_dst, out_feats]."""
+        if self.in_feats > self.out_feats:
+            h_neigh, _ = aggregate_with_dst(block, self.fc_neigh(h), mean=True)
+            h_dst = h[:block.num_dst]
+        else:
+            h_neigh, h_dst = aggregate_with_dst(block, h, mean=True)
+            h_neigh = self.fc_neigh(h_neigh)
+        return self.fc_self(h_dst) + h_neigh
+
+
+class GATConv(nn.Module):
+    """Graph attention (Veličković et al. 2018): per head, softmax over in-edges of
+    leaky_relu(a_l·Wh_src + a_r·Wh_dst) weights the sum of Wh_src; output [num_dst, heads, out_feats].
+    DGL: GATConv(in, out, heads, allow_zero_in_degree=True) (no dropout, no residual, bias)."""
+
+    def __init__(self, in_feats, out_feats, num_heads, negative_slope=0.2):
+        super().__init__()
+        self.num_heads, self.out_feats, self.negative_slope = num_heads, out_feats, negative_slope
+        self.fc = nn.Linear(in_feats, out_feats * num_heads, bias=False)
+        self.attn_l = nn.Parameter(torch.empty(1, num_heads, out_feats))
+        self.attn_r = nn.Parameter(torch.empty(1, num_heads, out_feats))
+        self.bias = nn.Parameter(torch.empty(num_heads * out_feats))
+        gain = nn.init.calculate_gain("relu")
+        nn.init.xavier_normal_(self.fc.weight, gain=gain)
+        nn.init.xavier_normal_(self.attn_l, gain=gain)
+        nn.init.xavier_normal_(self.attn_r, gain=gain)
+        nn.init.constant_(self.bias, 0)
+
+    def forward(self, block, h):
+        # a_l·(W h) = (W^T a_l)·h: the attention logits from a [2H, in] matmul (cheaper than DGL's two
+        # products over [num_src, H, F] and their backward passes)
+        H = self.num_heads
+        w_heads = self.fc.weight.view(H, self.out_feats, -1)                    # [H, F, in]
+        attn = torch.cat([torch.einsum("hfi,hf->hi", w_heads, self.attn_l[0]),
+                          torch.einsum("hfi,hf->hi", w_heads, self.attn_r[0])])  # [2H, in]
+        feat = self.fc(h).view(-1, H, self.out_feats)                           # [num_src, H, F]
+        logits = F.linear(h, attn)                                              # [num_src, 2H]
+        el, er = logits[:, :H], logits[:block.num_dst, H:]                      # [num_src, H], [num_dst, H]
+        g = BlockTensors.of(block, h.device)
+        e = attention_logits(g, el, er, self.negative_slope)                    # [E, H]
+        out = weighted_sum(g, feat, edge_softmax(g, e))
+        return out + self.bias.view(1, self.num_heads, self.out_feats)
+
+
+class GINConv(nn.Module):
+    """Graph isomorphism layer (Xu et al. 2019): apply_func((1 + eps) h_dst + sum of h_src), eps
+    learnable. DGL: GINConv(apply_func, "sum", learn_eps=True)."""
+
+    def __init__(self, apply_func, init_eps=0.0):
+        super().__init__()
+        self.apply_func = apply_func
+        self.eps = nn.Parameter(torch.tensor([float(init_eps)]))
+
+    def forward(self, block, h):
+        neigh, h_dst = aggregate_with_dst(block, h)
+        rst = (1 + self.eps) * h_dst + neigh
+        return self.apply_func(rst)
 
 
 class BlockModel(nn.Module):
@@ -37,11 +116,11 @@ class SAGE(BlockModel):
     def __init__(self, in_dim, hidden, out_dim, num_layers=2, dropout=0.5):
         super().__init__()
         dims = [in_dim] + [hidden] * (num_layers - 1) + [out_dim]
-        self.layers = nn.ModuleList(dglnn.SAGEConv(a, b, "mean") for a, b in zip(dims, dims[1:]))
+        self.layers = nn.ModuleList(SAGEConv(a, b) for a, b in zip(dims, dims[1:]))
         self.dropout = nn.Dropout(dropout)
 
     def layer(self, i, block, h):
-        h = self.layers[i](block.to_dgl(), (h, h[:block.num_dst]))
+        h = self.layers[i](block, h)
         return self.dropout(F.relu(h)) if i < len(self.layers) - 1 else h
 
 
@@ -59,13 +138,12 @@ class GAT(BlockModel):
         d = in_dim
         for i in range(num_layers):
             last = i == num_layers - 1
-            self.layers.append(dglnn.GATConv(d, out_dim if last else hidden // heads,
-                                             1 if last else heads, allow_zero_in_degree=True))
+            self.layers.append(GATConv(d, out_dim if last else hidden // heads, 1 if last else heads))
             d = self.hidden_width(hidden, heads)
         self.dropout = nn.Dropout(dropout)
 
     def layer(self, i, block, h):
-        h = self.layers[i](block.to_dgl(), (h, h[:block.num_dst]))
+        h = self.layers[i](block, h)
         return self.dropout(F.elu(h.flatten(1))) if i < len(self.layers) - 1 else h.mean(1)
 
 
@@ -76,15 +154,14 @@ class GIN(BlockModel):
         super().__init__()
         dims = [in_dim] + [hidden] * num_layers
         self.layers = nn.ModuleList(
-            dglnn.GINConv(nn.Sequential(nn.Linear(a, b), nn.ReLU(), nn.Linear(b, b)), "sum",
-                          learn_eps=True)
+            GINConv(nn.Sequential(nn.Linear(a, b), nn.ReLU(), nn.Linear(b, b)))
             for a, b in zip(dims, dims[1:]))
         self.norms = nn.ModuleList(nn.LayerNorm(hidden) for _ in range(num_layers))
         self.head = nn.Linear(hidden, out_dim)
         self.dropout = nn.Dropout(dropout)
 
     def layer(self, i, block, h):
-        h = self.dropout(F.relu(self.norms[i](self.layers[i](block.to_dgl(), (h, h[:block.num_dst])))))
+        h = self.dropout(F.relu(self.norms[i](self.layers[i](block, h))))
         return self.head(h) if i == len(self.layers) - 1 else h
 
 

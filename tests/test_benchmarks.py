@@ -37,6 +37,7 @@ SMOKE = {   # toy settings of each benchmark; tmp is a fresh directory
                           "--prefix", 10, "--horizon", 10, "--reps", 1, "--cache-dir", tmp],
     "io": lambda tmp: ["--size", "32MiB", "--dir", tmp, "--rows", 2048, "--ios", 2048, "--range-mib", 4,
                        "--reps", 3],
+    "models": lambda tmp: ["--preset", "tiny", "--batches", 2, "--batch-size", 128, "--data", tmp],
     "sampler": lambda tmp: ["--preset", "tiny", "--batches", 3, "--batch-size", 256, "--data", tmp],
     "partition": lambda tmp: ["--preset", "tiny", "--parts", 16, "--fennel-passes", 1, "--no-small",
                               "--data", tmp],
