@@ -41,8 +41,8 @@ def ensure_store(preset, data_dir: Path):
     path = data_dir / preset
     if not (path / "meta.json").is_file():
         print(f"preparing {path} (a few minutes on `large`) ...", flush=True)
-        r = subprocess.run([str(REPO / ".venv" / "bin" / "oocgnn"), "prepare", "synthetic", "--preset", preset,
-                            "--out", str(path), "--quiet", "--force"], capture_output=True, text=True)
+        r = subprocess.run([sys.executable, "-m", "oocgnn", "prepare", "synthetic", "--preset", preset,
+                            "--out", str(path), "--quiet", "--force"], capture_output=True, text=True, cwd=REPO)
         if r.returncode:
             raise SystemExit(f"prepare failed: {(r.stdout + r.stderr)[-2000:]}")
     return open_store(path, verify=False)

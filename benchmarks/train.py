@@ -4,7 +4,7 @@ Uses (or prepares) the partition-ordered store data/<preset>-fennel-<K> (FENNEL 
 `large` would need far more time and RAM), measures the device limits on its features.bin
 (O_DIRECT sequential 1 MiB reads, random 4 KiB reads with many in flight; the functions of
 benchmarks/io.py, after dropping the file from the page cache), then trains each configuration
-for ONE epoch in a FRESH subprocess (`oocgnn.train.train`, OMP_NUM_THREADS=2, evaluation on a
+for ONE epoch in a FRESH subprocess (`oocgnn.train.train`, OMP_NUM_THREADS = the cores, evaluation on a
 small subset and excluded from train time):
 
   inmemory         every feature row in RAM (the NS baseline; no budget)
@@ -120,7 +120,7 @@ def ensure_store(preset, parts, data_dir: Path):
         print(f"reusing {path}" + (f" (prepared earlier: {secs:.0f} s, peak RSS {fmt_bytes(rss)}; "
                                    f"log {log})" if secs else ""), flush=True)
         return store, {"reused": True, "seconds": secs, "peak_rss": rss, "wall": wall}
-    cmd = [str(REPO / ".venv" / "bin" / "oocgnn"), "prepare", "synthetic", "--preset", preset,
+    cmd = [sys.executable, "-m", "oocgnn", "prepare", "synthetic", "--preset", preset,
            "--partitioner", "fennel", "--parts", str(parts), "--out", str(path), "--quiet"]
     if os.path.exists("/usr/bin/time"):
         cmd = ["/usr/bin/time", "-v"] + cmd
@@ -128,7 +128,7 @@ def ensure_store(preset, parts, data_dir: Path):
     log.parent.mkdir(parents=True, exist_ok=True)
     t = time.perf_counter()
     r = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO,
-                       env={**os.environ, "OMP_NUM_THREADS": "2"})
+                       env={**os.environ, "OMP_NUM_THREADS": str(os.cpu_count())})
     wall = time.perf_counter() - t
     log.write_text(r.stdout + r.stderr)
     if r.returncode:
@@ -210,7 +210,7 @@ def run_config(name, cfg, limit_steps, out_dir):
     print(f"  {name:<16} ({what}) started, load {load}", flush=True)
     t = time.perf_counter()
     r = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO,
-                       env={**os.environ, "OMP_NUM_THREADS": "2", "PYTHONWARNINGS": "ignore"})
+                       env={**os.environ, "OMP_NUM_THREADS": str(os.cpu_count()), "PYTHONWARNINGS": "ignore"})
     wall = time.perf_counter() - t
     (out_dir / f"{name}.log").write_text(r.stdout + r.stderr)
     lines = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
@@ -302,6 +302,9 @@ def main(argv=None):
                          "<= budget + this (interpreter, torch, numba, readers' buffers, a batch's working set; "
                          "default 1GiB)")
     ap.add_argument("--fanouts", default="10,10", help="sampling fanouts (default 10,10)")
+    ap.add_argument("--model", default="sage", help="model of every configuration (default sage)")
+    ap.add_argument("--device", default="auto", help="where the model runs: auto | cpu | cuda (default auto)")
+    ap.add_argument("--precision", default="fp32", help="fp32 | bf16 (default fp32)")
     ap.add_argument("--eval-nodes", type=int, default=2000,
                     help="validation/test nodes evaluated at start and end (default 2000; excluded from time)")
     ap.add_argument("--data", default=str(REPO / "data"), help="data directory (default data/)")
@@ -351,12 +354,14 @@ def main(argv=None):
     if out_dir.exists():
         shutil.rmtree(out_dir)
     out_dir.mkdir(parents=True)
-    base = {"store": str(store.path), "model": "sage", "epochs": 1, "fanouts": args.fanouts,
+    base = {"store": str(store.path), "model": args.model, "epochs": 1, "fanouts": args.fanouts,
+            "device": args.device, "precision": args.precision,
             "batch_size": args.batch_size, "memory_budget": args.budget, "eval_every": 10**9,
             "max_eval_nodes": args.eval_nodes, "seed": 0, "static_ratio": args.static_ratio, "progress": False,
             "topology": args.topology}
     n_d = base["parts_per_megabatch"] = args.parts_per_megabatch or choose_megabatch(store, base)
-    print(f"training ({', '.join(names)}; sage {args.fanouts}, batch {args.batch_size}, budget {args.budget}, "
+    print(f"training ({', '.join(names)}; {args.model} {args.fanouts}, batch {args.batch_size}, budget {args.budget}, "
+          f"device {args.device}, precision {args.precision}, "
           f"topology {args.topology}, "
           f"hierbatching N_d={n_d} r_s={args.static_ratio}) ...", flush=True)
     results = {name: [] for name in names}
@@ -412,7 +417,7 @@ def main(argv=None):
         for r in rows:
             print(f"  {r['config']:<16} " + "  ".join(f"{x:.1f}" for x in r["epoch_s_all"]))
 
-    print("\nstage seconds (load/sample/gather/compute in the step loop; bg_* = background loader thread):")
+    print("\nstage seconds (load/sample/gather/h2d/compute in the step loop; bg_* = background loader thread):")
     for r in rows:
         st = {k: v for k, v in r["stage"].items() if k != "eval"}
         print(f"  {r['config']:<16} " + "  ".join(f"{k} {v:.1f}" for k, v in st.items()))

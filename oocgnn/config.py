@@ -59,6 +59,8 @@ class TrainConfig:
     out: str = setting("", "run directory (default runs/<store>-<policy>-<model>-s<seed>)")
     seed: int = setting(0, "seed of batches, sampling and model initialisation")
     threads: int = setting(0, "torch intra-op threads (0: the library default)")
+    device: str = setting("auto", "where the model runs: auto (cuda when a GPU is visible) | cpu | cuda | cuda:N")
+    precision: str = setting("fp32", "fp32 | bf16 (autocast: bfloat16 matmuls, float32 sums; on the CPU too)")
     progress: bool = setting(True, "show a progress bar")
     force: bool = setting(False, "replace the run directory if it holds an earlier run (never anything else)")
     checkpoint_every: int = setting(0, "save a checkpoint every N steps, to resume a killed run from (0: none)")
@@ -93,6 +95,8 @@ class TrainConfig:
         if min(self.eval_every, self.max_eval_nodes, self.threads, self.max_steps, self.checkpoint_every) < 0:
             raise UserError("eval_every, max_eval_nodes, max_steps, threads and checkpoint_every must be >= 0")
         self.memory_budget_bytes = parse_size(self.memory_budget)
+        if self.precision not in ("fp32", "bf16"):
+            raise UserError(f"precision must be fp32 or bf16, got {self.precision!r}")
         if self.topology not in ("auto", "memory", "disk"):
             raise UserError(f"topology must be auto, memory or disk, got {self.topology!r}")
         if not 0 <= self.neighbour_cache_ratio <= 1:

@@ -50,15 +50,20 @@ class CachedReader:
     def drop(self, ids):
         self.slot[ids] = -1
 
-    def gather(self, ids: np.ndarray, reader=None) -> torch.Tensor:
+    def gather(self, ids: np.ndarray, reader=None, out=None) -> torch.Tensor:
         """Rows of `ids` [len(ids), D]: resident ones from RAM, the rest through `reader` (default the
-        fallback; evaluation passes its own so its reads stay out of the run's)."""
+        fallback; evaluation passes its own so its reads stay out of the run's). `out`: a float32
+        [len(ids), D] tensor to write them into (a pinned buffer for a GPU)."""
         slots = self.slot[ids]
         hit = slots >= 0
+        if out is not None and tuple(out.shape) != (len(ids), self.dim):
+            raise ValueError(f"out has shape {tuple(out.shape)}, the gather makes {(len(ids), self.dim)}")
         if hit.all():
-            return self.rows[torch.from_numpy(slots.astype(np.int64))]
+            index = torch.from_numpy(slots.astype(np.int64))
+            return self.rows[index] if out is None else torch.index_select(self.rows, 0, index, out=out)
         reader = self.reader if reader is None else reader
-        out = torch.empty((len(ids), self.dim), dtype=torch.float32)
+        if out is None:
+            out = torch.empty((len(ids), self.dim), dtype=torch.float32)
         if hit.any():
             out[torch.from_numpy(hit)] = self.rows[torch.from_numpy(slots[hit].astype(np.int64))]
         out[torch.from_numpy(~hit)] = torch.from_numpy(reader.read_rows(ids[~hit]))

@@ -82,7 +82,7 @@ class RunDir:
     def load_checkpoint(self) -> dict:
         import torch
         try:
-            state = torch.load(self.path / "checkpoint.pt", weights_only=False)
+            state = torch.load(self.path / "checkpoint.pt", weights_only=False, map_location="cpu")
         except Exception as e:  # a truncated or foreign file
             raise UserError(f"{self.path / 'checkpoint.pt'} is not a readable checkpoint ({e})") from None
         if state.get("run_id") != self.run_id:

@@ -19,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from .device import HostToDevice, blocks_of
 from .errors import UserError
 from .history import HistoryCache, NoHistory
 from .io import IOStats, drop_file_cache, range_chunks
@@ -172,8 +173,9 @@ class Runtime:
     """Resident rows and lists, readers, the sampler, loader, memory cap and history stage of one run
     of `plan`."""
 
-    def __init__(self, store, plan):
+    def __init__(self, store, plan, device="cpu"):
         self.store, self.plan = store, plan
+        self.h2d = HostToDevice(device)               # the model's device: pinned buffers, side stream
         self.cached = CachedReader(store.reader("direct"), store.num_nodes, plan.capacity())
         self.topology = NeighbourLists(store, plan.list_capacity())
         self.sampler = Sampler(self.topology, plan.fanouts, plan.seed)
@@ -248,8 +250,13 @@ class Runtime:
             self.topology.point_ranges(step.enter_ranges, entry_base)
 
     def gather(self, ids):
-        """Feature rows of `ids` for training (resident from RAM, the rest read)."""
-        return self.cached.gather(ids)
+        """Feature rows of `ids` for training (resident from RAM, the rest read), into a pinned buffer
+        when the model is on a GPU."""
+        return self.cached.gather(ids, out=self.h2d.buffer(len(ids), self.store.feat_dim))
+
+    def to_device(self, tensors, ctx):
+        """The batch's tensors and its blocks on the model's device (`device.HostToDevice`)."""
+        return self.h2d(tensors, blocks_of(ctx))
 
     def eval_rows(self, ids):
         """Feature rows for evaluation: resident from RAM, the rest through the evaluation reader."""

@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from .config import POLICY_OPTIONS, SETTINGS, TrainConfig
+from .device import LossMeter, autocast, resolve_device
 from .errors import UserError
 from .io import IOStats
 from .models import build_model
@@ -73,15 +74,17 @@ def _seed_everything(seed: int):
     torch.manual_seed(seed)
 
 
-def evaluate(model, sampler, gather, labels, nodes, batch_size) -> float:
-    """Accuracy of sampled mini-batch inference on `nodes` (features through `gather`); batch i is
-    sampled with the sampler's key (seed, 0, i), the same at every evaluation."""
+def evaluate(model, sampler, gather, labels, nodes, batch_size, device="cpu", precision="fp32") -> float:
+    """Accuracy of sampled mini-batch inference on `nodes` (features through `gather`, the model on
+    `device`); batch i is sampled with the sampler's key (seed, 0, i), the same at every evaluation."""
     model.eval()
     correct = 0
+    device = torch.device(device)
     with torch.no_grad():
         for i, lo in enumerate(range(0, len(nodes), batch_size)):
             input_nodes, output_nodes, blocks = sampler.sample(nodes[lo:lo + batch_size], 0, i)
-            pred = model(blocks, gather(input_nodes)).argmax(1)
+            with autocast(device, precision):
+                pred = model(blocks, gather(input_nodes).to(device)).argmax(1).cpu()
             correct += int((pred == labels[torch.from_numpy(output_nodes)]).sum())
     model.train()
     return correct / max(1, len(nodes))
@@ -116,7 +119,7 @@ def _resumed(cfg: TrainConfig, run: RunDir) -> TrainConfig:
     return resumed
 
 
-_RESUME_MAY_CHANGE = {"store", "resume", "progress", "threads", "out", "force"}
+_RESUME_MAY_CHANGE = {"store", "resume", "progress", "threads", "out", "force", "device"}
 
 
 def _position(runtime, steps, start):
@@ -141,6 +144,7 @@ def train(cfg: TrainConfig) -> dict:
         cfg = _resumed(cfg, run)
     else:
         run = RunDir.create(Path(cfg.out) if cfg.out else default_run_dir(cfg), force=cfg.force)
+    device = resolve_device(cfg.device)            # before any work: a missing GPU is one line
     store = open_store(cfg.store)
     for split in ("train", "val"):
         if not len(getattr(store, f"{split}_idx")):
@@ -152,14 +156,14 @@ def train(cfg: TrainConfig) -> dict:
     if not plan.budgeted and plan.resident_bytes() > plan.budget:
         print(f"oocgnn: note: {plan.name} keeps {format_size(plan.resident_bytes())} resident, more than the "
               f"{format_size(plan.budget)} budget (it is a baseline: the budget does not bound it)", file=sys.stderr)
-    runtime = Runtime(store, plan)
+    runtime = Runtime(store, plan, device)
     try:
-        return _train(cfg, run, store, plan, runtime, t_enter)
+        return _train(cfg, run, store, plan, runtime, t_enter, device)
     finally:
         runtime.close()
 
 
-def _train(cfg, run, store, plan, runtime, t_enter) -> dict:
+def _train(cfg, run, store, plan, runtime, t_enter, device) -> dict:
     sampler = runtime.sampler
     if not cfg.resume:
         run.write_json("config.json", {
@@ -167,11 +171,14 @@ def _train(cfg, run, store, plan, runtime, t_enter) -> dict:
                                             ("name", "num_nodes", "num_edges", "feat_dim", "num_parts")},
             "policy_memory": plan.memory(), "schedule": repr(plan.schedule), "topology": plan.topology,
             "host": {"python": platform.python_version(), "torch": torch.__version__, "cpus": os.cpu_count(),
+                     "device": str(device), "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
                      "loadavg": open("/proc/loadavg").read().split()[:3]}})
 
     labels = torch.from_numpy(store.compact_labels())
     model = build_model(cfg.model, store.feat_dim, cfg.hidden, store.num_classes, cfg.layers, cfg.dropout)
+    model.to(device)                               # initialised on the CPU: the same weights on any device
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+    losses = LossMeter(device)                     # on a GPU, read one step late (no sync per step)
     eval_sets = {}
     for split, ids in (("val", store.val_idx), ("test", store.test_idx)):
         if cfg.max_eval_nodes and len(ids) > cfg.max_eval_nodes:
@@ -189,10 +196,19 @@ def _train(cfg, run, store, plan, runtime, t_enter) -> dict:
     excluded = IOStats()                           # reads of the setup, of evaluation, of a resume's reload
     carried, carried_topology = IOStats(), IOStats()   # what a resumed run read before its checkpoint
 
+    def add_losses(known):
+        for j, ep, value in known:
+            if not np.isfinite(value):
+                raise UserError(f"training diverged at step {j} (epoch {ep}): the loss is {value}; "
+                                f"lower --lr (now {cfg.lr}) or check the features")
+            st["loss_sum"], st["loss_n"] = st["loss_sum"] + value, st["loss_n"] + 1
+
     def log_eval(epoch, step):
+        add_losses(losses.flush())
         before = runtime.io()
         with timers("eval"):
-            accs = {s: evaluate(model, eval_sampler, runtime.eval_rows, labels, ids, cfg.eval_batch_size)
+            accs = {s: evaluate(model, eval_sampler, runtime.eval_rows, labels, ids, cfg.eval_batch_size,
+                                device, cfg.precision)
                     for s, ids in eval_sets.items()}
         if runtime.eval_reader is None:            # else a background load may be what was read
             excluded.__iadd__(runtime.io() - before)
@@ -206,10 +222,12 @@ def _train(cfg, run, store, plan, runtime, t_enter) -> dict:
         return accs
 
     def checkpoint(step):
+        add_losses(losses.flush())
         ahead, ahead_lists = runtime.loader.pending_io()   # a resumed run reads that group again
         run.save_checkpoint({
             "step": step, "model": model.state_dict(), "opt": opt.state_dict(),
             "torch_rng": torch.get_rng_state(), "numpy_rng": np.random.get_state(), "history": runtime.state(),
+            "cuda_rng": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
             "rows": rows, "step_rows": step_rows, "counters": dict(st), "timers": dict(timers.s),
             "bg_timers": dict(runtime.timers), "io": (runtime.io() - excluded + carried - ahead).as_dict(),
             "topology_io": (runtime.topology_io() - setup_topology_io + carried_topology - ahead_lists).as_dict()})
@@ -233,6 +251,8 @@ def _train(cfg, run, store, plan, runtime, t_enter) -> dict:
             if start < len(steps):
                 _position(runtime, steps, start)
             torch.set_rng_state(state["torch_rng"])
+            if device.type == "cuda" and state.get("cuda_rng") is not None:
+                torch.cuda.set_rng_state(state["cuda_rng"], device)
             np.random.set_state(state["numpy_rng"])
             bar.update(start)
         setup_io, setup_topology_io = runtime.io(), runtime.topology_io()
@@ -249,17 +269,17 @@ def _train(cfg, run, store, plan, runtime, t_enter) -> dict:
         for i, epoch, b, step, sample in walk:     # loads the step's ranges, then samples its batch
             with timers("gather"):
                 x, ctx = runtime.inputs(sample, i)
+            with timers("h2d"):                    # a no-op on the CPU; on a GPU, queued on a side stream
+                x, y = runtime.to_device([x, labels[torch.from_numpy(sample.output_nodes)].long()], ctx)
             with timers("compute"):
-                logits = runtime.forward(model, ctx, x, i)
-                loss = F.cross_entropy(logits, labels[torch.from_numpy(sample.output_nodes)].long())
-                if not torch.isfinite(loss):
-                    raise UserError(f"training diverged at step {i} (epoch {epoch}): the loss is {loss.item()}; "
-                                    f"lower --lr (now {cfg.lr}) or check the features")
+                with autocast(device, cfg.precision):
+                    logits = runtime.forward(model, ctx, x, i)
+                loss = F.cross_entropy(logits.float(), y)
                 opt.zero_grad()
                 loss.backward()
                 opt.step()
-            del x, ctx, sample
-            st["loss_sum"], st["loss_n"] = st["loss_sum"] + loss.item(), st["loss_n"] + 1
+                add_losses(losses.push(i, epoch, loss))   # a GPU waits here for the previous step
+            del x, y, ctx, sample
             step_s = time.perf_counter() - t0
             st["train_s"] += step_s
             sio = runtime.io() - io0
@@ -278,6 +298,7 @@ def _train(cfg, run, store, plan, runtime, t_enter) -> dict:
             io0, t0 = runtime.io(), time.perf_counter()
         if len(steps) < WARMUP_STEPS:
             runtime.end_warmup()
+        add_losses(losses.flush())
     bar.close()
     cap_record = runtime.cap_record()
     io = runtime.io() - excluded + carried
@@ -309,6 +330,8 @@ def _train(cfg, run, store, plan, runtime, t_enter) -> dict:
         "memory": plan.memory(), "resident_bytes": plan.resident_bytes(),
         "memory_budget": cfg.memory_budget_bytes, "memory_cap": cap_record, "peak_rss": peak_rss(),
         "history_hits": runtime.history_hits,
+        "device": str(device), "precision": cfg.precision,
+        "h2d": {"bytes": runtime.h2d.bytes, "pinned_bytes": runtime.h2d.pinned_bytes},
     }
     if hasattr(plan, "rule"):
         summary["hierbatching_rule"] = plan.rule()

@@ -1,0 +1,138 @@
+"""Where the model runs: `--device auto|cpu|cuda[:N]`, `--precision fp32|bf16`, and the runtime stage
+that moves each batch to the device.
+
+On a GPU the step's compute is ~10x cheaper than gathering its rows on the CPU (the GPU box's
+measurements, `shared/notes/gpu-box.md`), so the copy must not wait for it and the CPU must not wait
+for the GPU: `HostToDevice` gathers into pinned host buffers (two, used in turn) and copies them
+with `non_blocking` on a side stream, which the compute stream waits for only when it needs the
+rows; the CPU meanwhile samples and gathers the next batch while the GPU still runs the previous
+step (Ginex and MariusGNN pipeline the same way). `LossMeter` reads each step's loss one step
+late, so that checking it does not synchronise the two. On the CPU both are pass-throughs.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from .aggregate import BlockTensors
+from .errors import UserError
+
+DEVICES = "auto | cpu | cuda | cuda:N"
+PRECISIONS = ("fp32", "bf16")
+
+
+def resolve_device(name: str) -> torch.device:
+    """torch.device for a --device value; auto is cuda when torch sees a GPU. A cuda device that is
+    not there is a UserError (one line, exit 2)."""
+    name = str(name or "auto").strip().lower()
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise UserError(f"unknown device {name!r}; use {DEVICES}") from None
+    if device.type not in ("cpu", "cuda"):
+        raise UserError(f"unknown device {name!r}; use {DEVICES}")
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            why = "this torch was built without CUDA" if torch.version.cuda is None else "no CUDA device is visible"
+            raise UserError(f"--device {name}: {why} (torch {torch.__version__}); use --device cpu or auto")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise UserError(f"--device {name}: only {torch.cuda.device_count()} CUDA device(s) here")
+    return device
+
+
+def autocast(device: torch.device, precision: str):
+    """The forward pass's precision: bf16 autocast (matmuls in bfloat16, sums in float32), or none."""
+    if precision not in PRECISIONS:
+        raise UserError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=torch.bfloat16)
+
+
+def blocks_of(ctx) -> list:
+    """The blocks a batch's model input runs on: a list of blocks, or a history plan's pruned blocks."""
+    return ctx if isinstance(ctx, list) else ctx.pruned_blocks
+
+
+class HostToDevice:
+    """Moves a batch (input rows, blocks) to the model's device. `buffer(n, d)` is a pinned host
+    tensor to gather into; `__call__` copies on a side stream and makes the compute stream wait for it."""
+
+    def __init__(self, device: torch.device, slots: int = 2):
+        self.device = torch.device(device)
+        self.on_gpu = self.device.type == "cuda"
+        self.bytes = 0                                  # copied host -> device
+        if self.on_gpu:
+            self.stream = torch.cuda.Stream(self.device)
+            self._pinned = [None] * slots               # pinned host buffers, used in turn
+            self._done = [None] * slots                 # the event after each buffer's last copy
+            self._turn = 0
+
+    @property
+    def pinned_bytes(self) -> int:
+        return sum(b.nbytes for b in self._pinned if b is not None) if self.on_gpu else 0
+
+    def buffer(self, n: int, d: int) -> torch.Tensor | None:
+        """A pinned [n, d] float32 host tensor free to write (its previous copy has finished), or None
+        on the CPU (gather as usual)."""
+        if not self.on_gpu:
+            return None
+        k = self._turn
+        if self._done[k] is not None:
+            self._done[k].synchronize()
+        buf = self._pinned[k]
+        if buf is None or buf.shape[0] < n or buf.shape[1] != d:
+            rows = max(n, int(1.25 * buf.shape[0]) if buf is not None else n)
+            self._pinned[k] = buf = torch.empty((rows, d), dtype=torch.float32, pin_memory=True)
+        return buf[:n]
+
+    def __call__(self, tensors, blocks) -> list:
+        """`tensors` (input rows, labels) on the device, and every block's tensors (kept on the block),
+        copied on the side stream; the compute stream waits for them."""
+        if not self.on_gpu:
+            return list(tensors)
+        compute = torch.cuda.current_stream(self.device)
+        with torch.cuda.stream(self.stream):
+            moved = [t.to(self.device, non_blocking=True) for t in tensors]
+            graphs = [BlockTensors.of(b, self.device, non_blocking=True) for b in blocks]
+            done = self.stream.record_event()
+        self._done[self._turn] = done
+        self._turn = (self._turn + 1) % len(self._pinned)
+        compute.wait_event(done)
+        for t in moved + [a for g in graphs for a in (g.indptr, g.indices)]:
+            t.record_stream(compute)                    # allocated on the side stream, used on compute
+            self.bytes += t.nbytes
+        return moved
+
+
+class LossMeter:
+    """Training losses as floats without a device synchronisation per step: on a GPU each loss is copied
+    to pinned host memory asynchronously and read at the next step (or at `flush`)."""
+
+    def __init__(self, device: torch.device):
+        self.on_gpu = torch.device(device).type == "cuda"
+        self._pending = []                              # (step, epoch, host tensor, event)
+
+    def push(self, step: int, epoch: int, loss: torch.Tensor) -> list:
+        """Record this step's loss; returns [(step, epoch, value)] of the losses now known."""
+        if not self.on_gpu:
+            return [(step, epoch, float(loss.detach()))]
+        host = torch.empty((), dtype=torch.float32, pin_memory=True)
+        host.copy_(loss.detach(), non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        ready = self.flush() if self._pending else []
+        self._pending.append((step, epoch, host, event))
+        return ready
+
+    def flush(self) -> list:
+        """Every recorded loss not read yet, waiting for it."""
+        out = []
+        for step, epoch, host, event in self._pending:
+            event.synchronize()
+            out.append((step, epoch, float(host)))
+        self._pending.clear()
+        return out
