@@ -4,14 +4,15 @@ Modules, in data-flow order: datasets, synthetic (sources) -> partition, staticc
 on-disk format) -> io, direct, readers (readers and their I/O accounting), memcap -> schedules,
 policies (a policy is a plan: steps that say what enters and leaves memory), sampler (the sampler
 and the one walk every consumer shares) -> simulate, redundancy, trace, cache, belady, macrobatch,
-topology (exact I/O and cache replays without reading data) -> runtime, resident, history, models,
-train (the executor: the same plan for real) -> sweep, plots, widgets. config holds the settings,
-cli is the `oocgnn` command.
+topology (exact I/O and cache replays without reading data) -> runtime, resident, history,
+aggregate and models (torch-native layers on blocks), device (where the model runs), train (the
+executor: the same plan for real) -> sweep, plots, widgets. config holds the settings, cli is the
+`oocgnn` command. The training path imports no dgl.
 """
 import os as _os
 import warnings as _warnings
 
-_os.environ.setdefault("DGLBACKEND", "pytorch")
+_os.environ.setdefault("DGLBACKEND", "pytorch")   # for the oracle tests and METIS, which import dgl
 # numba's OpenMP layer would share (and resize) the libgomp pool that torch and DGL use;
 # its own workqueue layer keeps the thread counts of the three libraries independent.
 _os.environ.setdefault("NUMBA_THREADING_LAYER", "workqueue")
