@@ -358,7 +358,7 @@ def main(argv=None):
             "device": args.device, "precision": args.precision,
             "batch_size": args.batch_size, "memory_budget": args.budget, "eval_every": 10**9,
             "max_eval_nodes": args.eval_nodes, "seed": 0, "static_ratio": args.static_ratio, "progress": False,
-            "topology": args.topology}
+            "topology": args.topology, "force": True}   # the benchmark owns out_dir (rounds reuse it)
     n_d = base["parts_per_megabatch"] = args.parts_per_megabatch or choose_megabatch(store, base)
     print(f"training ({', '.join(names)}; {args.model} {args.fanouts}, batch {args.batch_size}, budget {args.budget}, "
           f"device {args.device}, precision {args.precision}, "

@@ -42,7 +42,7 @@ SMOKE = {   # toy settings of each benchmark; tmp is a fresh directory
     "partition": lambda tmp: ["--preset", "tiny", "--parts", 16, "--fennel-passes", 1, "--no-small",
                               "--data", tmp],
     "train": lambda tmp: ["--preset", "tiny", "--parts", 16, "--budget", "2MB", "--steps", 4,
-                          "--policies", "inmemory,mmap,hierbatching,outre", "--eval-nodes", 100,
+                          "--policies", "inmemory,mmap,hierbatching,outre", "--eval-nodes", 100, "--reps", 2,
                           "--data", tmp],
 }
 
