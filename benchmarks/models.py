@@ -16,32 +16,25 @@ Also the whole model's step (forward, backward) both ways.
         [--fanouts 10,10] [--hidden 128] [--models sage,gat,gin] [--threads 0] [--data data/]
 """
 import argparse
+import importlib.util
 import os
-import statistics
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 
-def loadavg():
-    return " ".join(open("/proc/loadavg").read().split()[:3])
+def _sampler_bench():
+    """benchmarks/sampler.py as a module: its store preparation and load report are shared."""
+    spec = importlib.util.spec_from_file_location("oocgnn_bench_sampler", REPO / "benchmarks" / "sampler.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
-def ensure_store(preset, data_dir: Path):
-    """data/<preset> (source order), written by `oocgnn prepare` when missing."""
-    from oocgnn.store import open_store
-    path = data_dir / preset
-    if not (path / "meta.json").is_file():
-        print(f"preparing {path} (a few minutes on `large`) ...", flush=True)
-        r = subprocess.run([sys.executable, "-m", "oocgnn", "prepare", "synthetic", "--preset", preset,
-                            "--out", str(path), "--quiet", "--force"], capture_output=True, text=True, cwd=REPO)
-        if r.returncode:
-            raise SystemExit(f"prepare failed: {(r.stdout + r.stderr)[-2000:]}")
-    return open_store(path, verify=False)
+_shared = _sampler_bench()
+loadavg, ensure_store = _shared.loadavg, _shared.ensure_store
 
 
 def dgl_layer(layer):
@@ -95,13 +88,7 @@ def DGLCall(module):
 
 def timed(fn, items):
     """Median seconds of fn(item) (after one untimed call: compilation, caches)."""
-    fn(items[0])
-    ts = []
-    for it in items:
-        t = time.perf_counter()
-        fn(it)
-        ts.append(time.perf_counter() - t)
-    return statistics.median(ts)
+    return _shared.timed(lambda i, item: fn(item), items)
 
 
 def main(argv=None):

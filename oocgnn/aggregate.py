@@ -71,6 +71,12 @@ class BlockTensors:
             self._t = _transpose(self.indptr_np, self.indices_np, self.num_src)
         return self._t
 
+    def edge_ids_np(self):
+        """int64 [E]: 0..E-1 (the CSC's own edge order)."""
+        if getattr(self, "_eid", None) is None:
+            self._eid = np.arange(self.num_edges, dtype=np.int64)
+        return self._eid
+
     # -- torch (any device) ------------------------------------------------------------------
     def dst(self) -> torch.Tensor:
         """int64 [E]: each edge's local dst id (CSC order)."""
@@ -133,14 +139,17 @@ def _spmm_t_src(t_indptr, t_dst, indptr, g, mean, out):
                     row[k] += gj[k]
 
 
-def _wsum_src(indptr, indices, x, w, out):
-    """out[j, h] = sum over e of w[e, h] * x[indices[e], h]  (x [S, H, F], w [E, H], out [D, H, F])."""
+def _wsum_src(indptr, indices, eid, x, w, out):
+    """out[j, h] = sum over t in row j of w[eid[t], h] * x[indices[t], h]  (x [S, H, F], w [E, H],
+    out [rows, H, F]): GAT's weighted sum on the CSC (eid = edge ids), and its gradient of x on the
+    transpose (rows = sources, indices = their dst, eid = the edge ids)."""
     nh, f = x.shape[1], x.shape[2]
     for j in numba.prange(len(indptr) - 1):
         row = out[j]
         row[:, :] = 0.0
-        for e in range(indptr[j], indptr[j + 1]):
-            xs = x[indices[e]]
+        for t in range(indptr[j], indptr[j + 1]):
+            xs = x[indices[t]]
+            e = eid[t]
             for h in range(nh):
                 c = w[e, h]
                 for k in range(f):
@@ -159,21 +168,6 @@ def _wsum_grad_w_src(indptr, indices, x, g, gw):
                 for k in range(f):
                     acc += gj[h, k] * xs[h, k]
                 gw[e, h] = acc
-
-
-def _wsum_grad_x_src(t_indptr, t_dst, t_eid, w, g, out):
-    """out[s, h] = sum over edges e = s -> j of w[e, h] * g[j, h]."""
-    nh, f = g.shape[1], g.shape[2]
-    for s in numba.prange(len(t_indptr) - 1):
-        row = out[s]
-        row[:, :] = 0.0
-        for t in range(t_indptr[s], t_indptr[s + 1]):
-            gj = g[t_dst[t]]
-            e = t_eid[t]
-            for h in range(nh):
-                c = w[e, h]
-                for k in range(f):
-                    row[h, k] += c * gj[h, k]
 
 
 def _softmax_src(indptr, e, out):
@@ -255,7 +249,6 @@ _spmm = _twins(_spmm_src)
 _spmm_t = _twins(_spmm_t_src)
 _wsum = _twins(_wsum_src)
 _wsum_grad_w = _twins(_wsum_grad_w_src)
-_wsum_grad_x = _twins(_wsum_grad_x_src)
 _softmax = _twins(_softmax_src)
 _logits = _twins(_logits_src)
 _logits_grad_er = _twins(_logits_grad_er_src)
@@ -330,7 +323,8 @@ class _WeightedSum(torch.autograd.Function):
         ctx.g = g
         ctx.save_for_backward(x, w)
         out = np.empty((g.num_dst, x.shape[1], x.shape[2]), np.float32)
-        _launch(_wsum, g.num_edges * x.shape[1] * x.shape[2], g.indptr_np, g.indices_np, x_np, w_np, out)
+        _launch(_wsum, g.num_edges * x.shape[1] * x.shape[2], g.indptr_np, g.indices_np, g.edge_ids_np(),
+                x_np, w_np, out)
         return torch.from_numpy(out)
 
     @staticmethod
@@ -343,7 +337,7 @@ class _WeightedSum(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             t_indptr, t_dst, t_eid = g.transpose_np()
             gx = np.empty((g.num_src, x.shape[1], x.shape[2]), np.float32)
-            _launch(_wsum_grad_x, work, t_indptr, t_dst, t_eid, _np(w), grad_np, gx)
+            _launch(_wsum, work, t_indptr, t_dst, t_eid, grad_np, _np(w), gx)
             gx = torch.from_numpy(gx)
         if ctx.needs_input_grad[1]:
             gw = np.empty((g.num_edges, x.shape[1]), np.float32)
