@@ -26,7 +26,7 @@ import nbformat
 import pytest
 
 webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (requirements.txt has it)")
-from selenium.common.exceptions import WebDriverException  # noqa: E402
+from selenium.common.exceptions import StaleElementReferenceException, WebDriverException  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -117,9 +117,13 @@ def browser():
 
 
 def _wait(what, check, timeout=WAIT_S, every=0.5):
+    """check() until it is truthy; an element JupyterLab replaced while we looked means "not yet"."""
     deadline = time.time() + timeout
     while time.time() < deadline:
-        value = check()
+        try:
+            value = check()
+        except StaleElementReferenceException:
+            value = None
         if value:
             return value
         time.sleep(every)
