@@ -37,55 +37,6 @@ _shared = _sampler_bench()
 loadavg, ensure_store = _shared.loadavg, _shared.ensure_store
 
 
-def dgl_layer(layer):
-    """DGL's module matching one of our layers, with its weights (the names are DGL's)."""
-    import dgl.nn as dglnn
-    from oocgnn import models
-    if isinstance(layer, models.SAGEConv):
-        twin = dglnn.SAGEConv(layer.in_feats, layer.out_feats, "mean")
-    elif isinstance(layer, models.GATConv):
-        twin = dglnn.GATConv(layer.fc.in_features, layer.out_feats, layer.num_heads, allow_zero_in_degree=True)
-    elif isinstance(layer, models.GINConv):
-        import copy
-        twin = dglnn.GINConv(copy.deepcopy(layer.apply_func), "sum", learn_eps=True)
-    else:
-        raise TypeError(type(layer))
-    twin.load_state_dict(layer.state_dict())
-    return twin
-
-
-class DGLTwin:
-    """A model of ours with its message-passing layers swapped for DGL's (same weights): the model's
-    `layer(i, block, h)` applied with DGL's module on block.to_dgl()."""
-
-    def __init__(self, model):
-        import torch
-        self.model = model
-        self.twins = torch.nn.ModuleList(DGLCall(dgl_layer(l)) for l in model.layers)
-
-    def __call__(self, blocks, x):
-        saved = self.model.layers
-        self.model.layers = self.twins
-        try:
-            return self.model(blocks, x)
-        finally:
-            self.model.layers = saved
-
-
-def DGLCall(module):
-    """A DGL layer called as ours: (block, h) -> module(block.to_dgl(), (h, h[:num_dst]))."""
-    import torch
-
-    class Call(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.module = module
-
-        def forward(self, block, h):
-            return self.module(block.to_dgl(), (h, h[:block.num_dst]))
-    return Call()
-
-
 def timed(fn, items):
     """Median seconds of fn(item) (after one untimed call: compilation, caches)."""
     return _shared.timed(lambda i, item: fn(item), items)
@@ -108,7 +59,7 @@ def main(argv=None):
     import numba
     import numpy as np
     import torch
-    from oocgnn.models import build_model
+    from oocgnn.models import build_model, dgl_twin
     from oocgnn.sampler import Sampler
     from oocgnn.topology import NeighbourLists
 
@@ -138,7 +89,7 @@ def main(argv=None):
     for name in args.models.split(","):
         torch.manual_seed(0)
         model = build_model(name, store.feat_dim, args.hidden, store.num_classes, len(fanouts), dropout=0.0)
-        twin = DGLTwin(model)
+        twin = dgl_twin(model)
         # per layer: the layer's own input (the previous layer's output of the same batch)
         for li, layer in enumerate(model.layers):
             inputs = []
@@ -158,7 +109,7 @@ def main(argv=None):
                 (out * p).sum().backward()
 
             a = timed(lambda it: step(it, layer), inputs)
-            b = timed(lambda it: step(it, twin.twins[li]), inputs)
+            b = timed(lambda it: step(it, twin.layers[li]), inputs)
             results.append((f"{name} layer {li}", a, b))
             print(f"  {name:4s} layer {li} ({type(layer).__name__}, {inputs[0][1].shape[1]} -> ...): ours "
                   f"{a * 1e3:7.1f} ms, DGL {b * 1e3:7.1f} ms: DGL/ours {b / a:.2f}  (load {loadavg()})", flush=True)

@@ -16,6 +16,9 @@ from .policies import POLICIES, HierBatchingPlan, OutrePlan, setting
 from .units import parse_size
 
 
+PRECISIONS = ("fp32", "bf16")     # --precision: float32, or bfloat16 autocast (oocgnn.device)
+
+
 def parse_fanouts(text) -> tuple:
     """'10,10' -> (10, 10); -1 means all neighbours."""
     if isinstance(text, (list, tuple)):
@@ -95,8 +98,8 @@ class TrainConfig:
         if min(self.eval_every, self.max_eval_nodes, self.threads, self.max_steps, self.checkpoint_every) < 0:
             raise UserError("eval_every, max_eval_nodes, max_steps, threads and checkpoint_every must be >= 0")
         self.memory_budget_bytes = parse_size(self.memory_budget)
-        if self.precision not in ("fp32", "bf16"):
-            raise UserError(f"precision must be fp32 or bf16, got {self.precision!r}")
+        if self.precision not in PRECISIONS:
+            raise UserError(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
         if self.topology not in ("auto", "memory", "disk"):
             raise UserError(f"topology must be auto, memory or disk, got {self.topology!r}")
         if not 0 <= self.neighbour_cache_ratio <= 1:

@@ -16,10 +16,10 @@ import contextlib
 import torch
 
 from .aggregate import BlockTensors
+from .config import PRECISIONS
 from .errors import UserError
 
 DEVICES = "auto | cpu | cuda | cuda:N"
-PRECISIONS = ("fp32", "bf16")
 
 
 def resolve_device(name: str) -> torch.device:

@@ -186,6 +186,39 @@ class MLP(nn.Module):
 MODELS = {"sage": SAGE, "gat": GAT, "gin": GIN, "mlp": MLP}
 
 
+class DGLLayer(nn.Module):
+    """DGL's module matching one of our layers, holding that layer's weights (under DGL's names, which
+    are ours), called as ours: (block, h) -> module(block.to_dgl(), (h, h[:num_dst])). The oracle of
+    the tests and benchmarks/models.py; imports DGL."""
+
+    def __init__(self, layer):
+        super().__init__()
+        import copy
+
+        import dgl.nn as dglnn
+        if isinstance(layer, SAGEConv):
+            self.module = dglnn.SAGEConv(layer.in_feats, layer.out_feats, "mean")
+        elif isinstance(layer, GATConv):
+            self.module = dglnn.GATConv(layer.fc.in_features, layer.out_feats, layer.num_heads,
+                                        negative_slope=layer.negative_slope, allow_zero_in_degree=True)
+        elif isinstance(layer, GINConv):
+            self.module = dglnn.GINConv(copy.deepcopy(layer.apply_func), "sum", learn_eps=True)
+        else:
+            raise TypeError(f"no DGL twin for {type(layer).__name__}")
+        self.module.load_state_dict(layer.state_dict())
+
+    def forward(self, block, h):
+        return self.module(block.to_dgl(), (h, h[:block.num_dst]))
+
+
+def dgl_twin(model: BlockModel) -> BlockModel:
+    """A copy of `model` whose message-passing layers are DGL's, with the same weights (imports DGL)."""
+    import copy
+    twin = copy.deepcopy(model)
+    twin.layers = nn.ModuleList(DGLLayer(layer) for layer in model.layers)
+    return twin
+
+
 def hidden_width(name, hidden) -> int:
     """Width of model `name`'s hidden embeddings h^(l) for a `hidden` setting."""
     if name not in MODELS or not hasattr(MODELS[name], "hidden_width"):
