@@ -4,9 +4,9 @@ Modules, in data-flow order: datasets, synthetic (sources) -> partition, staticc
 on-disk format) -> io, direct, readers (readers and their I/O accounting), memcap -> schedules,
 policies (a policy is a plan: steps that say what enters and leaves memory), sampler (the sampler
 and the one walk every consumer shares) -> simulate, redundancy, trace, cache, belady, macrobatch,
-topology (exact I/O and cache replays without reading data) -> runtime, resident, history,
-aggregate and models (torch-native layers on blocks), device (where the model runs), train (the
-executor: the same plan for real) -> sweep, plots, widgets. config holds the settings, cli is the
+topology (exact I/O and cache replays without reading data) -> runtime, resident, history, ahead
+(sample ahead, then fetch: Ginex, BatchGNN), aggregate and models (torch-native layers on blocks),
+device (where the model runs), train (the executor: the same plan for real) -> sweep, plots, widgets. config holds the settings, cli is the
 `oocgnn` command. The training path imports no dgl.
 """
 import os as _os

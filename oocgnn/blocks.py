@@ -143,6 +143,15 @@ def _floyd(state, d, k, chosen, out):
 
 _PAR_MIN = 16384  # picks below which one thread is faster than paying for a parallel launch
 _PAR_LOCK = threading.Lock()   # one parallel launch at a time (see the module docstring)
+_BACKGROUND = threading.local()
+
+
+def background_thread():
+    """Mark the calling thread as sampling in the background (`oocgnn.ahead`): it runs the serial pick
+    (the same picks) and never holds `_PAR_LOCK`, so the trainer's kernels, which pick their parallel
+    or serial twin by that lock, choose the same way whatever the background does (fastmath twins may
+    round differently: a run must not depend on timing)."""
+    _BACKGROUND.serial = True
 
 
 @numba.njit(cache=True, nogil=True)
@@ -297,7 +306,8 @@ def _sample(frontier, key_ids, starts, ends, indptr, indices, fanout, seed, epoc
     picks = np.empty(indptr[-1], dtype=np.int64)
     args = (key_ids, starts, ends, indices, indptr, int(fanout), int(seed), int(epoch),
             int(batch), int(layer), picks)
-    if len(picks) >= _PAR_MIN and numba.get_num_threads() > 1 and _PAR_LOCK.acquire(blocking=False):
+    if len(picks) >= _PAR_MIN and numba.get_num_threads() > 1 and not getattr(_BACKGROUND, "serial", False) \
+            and _PAR_LOCK.acquire(blocking=False):
         try:
             _pick_par(*args)
         finally:

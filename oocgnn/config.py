@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields, replace
 
 from .errors import UserError
-from .policies import POLICIES, HierBatchingPlan, OutrePlan, setting
+from .policies import POLICIES, GinexPlan, HierBatchingPlan, MacrobatchPlan, OutrePlan, setting
 from .units import parse_size
 
 
@@ -52,8 +52,9 @@ class TrainConfig:
     memory_budget: str = setting("256MB", "bytes the policy may keep resident, e.g. 256MB, 1GiB")
     topology: str = setting("auto", "where the neighbour lists live: memory | disk (read when sampled, "
                                     "through what the policy keeps resident) | auto (memory if it fits the budget)")
-    neighbour_cache_ratio: float = setting(0.1, "share of the budget for a static cache of neighbour lists on a "
-                                                "disk topology (outre ranks lists by cross-partition degree)")
+    neighbour_cache_ratio: float = setting(-1.0, "share of the budget for a static cache of neighbour lists on a disk "
+                                                 "topology (-1: the policy's default, outre 0.1 by cross-partition "
+                                                 "degree, ginex 0.5 by out/in-degree)")
     eval_every: int = setting(0, "evaluate every N steps (0: at the end of each epoch)")
     eval_fanouts: str = setting("", "fanouts of evaluation (default: the training fanouts)")
     eval_batch_size: int = setting(1024, "evaluation batch size")
@@ -71,6 +72,8 @@ class TrainConfig:
                               "settings it was started with")
     hierbatching: HierBatchingPlan.Options = field(default_factory=HierBatchingPlan.Options)
     outre: OutrePlan.Options = field(default_factory=OutrePlan.Options)
+    ginex: GinexPlan.Options = field(default_factory=GinexPlan.Options)
+    macrobatch: MacrobatchPlan.Options = field(default_factory=MacrobatchPlan.Options)
     memory_budget_bytes: int = field(init=False, default=0)     # memory_budget, parsed once
 
     def __post_init__(self):
@@ -102,14 +105,20 @@ class TrainConfig:
             raise UserError(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
         if self.topology not in ("auto", "memory", "disk"):
             raise UserError(f"topology must be auto, memory or disk, got {self.topology!r}")
-        if not 0 <= self.neighbour_cache_ratio <= 1:
-            raise UserError(f"neighbour_cache_ratio is a fraction in [0, 1], got {self.neighbour_cache_ratio}")
+        if not (0 <= self.neighbour_cache_ratio <= 1 or self.neighbour_cache_ratio == -1):
+            raise UserError(f"neighbour_cache_ratio is a fraction in [0, 1] (or -1: the policy's default), "
+                            f"got {self.neighbour_cache_ratio}")
         if self.policy == "outre" and self.outre.history_ratio > 0 and self.model == "mlp":
             raise UserError("historical embeddings need a GNN (the MLP has no layer L-1 inputs)")
 
     @property
     def fanout_list(self) -> list:
         return list(parse_fanouts(self.fanouts))
+
+    def neighbour_cache_ratio_of(self, policy) -> float:
+        """--neighbour-cache-ratio, or `policy`'s default for it when left at -1."""
+        r = self.neighbour_cache_ratio
+        return POLICIES[policy].neighbour_cache_default if r < 0 else r
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -75,19 +75,31 @@ class CachedReader:
 
     def apply(self, evict, admit, rows):
         """A replacement policy's change: free the slots of `evict`, put `admit` with `rows` in free ones."""
-        if self._free is None:
+        if self._free is None:                            # a stack of free slots, made on first use
             used = np.zeros(self.capacity, dtype=bool)
             used[self.slot[self.slot >= 0]] = True
-            self._free = list(np.flatnonzero(~used)[::-1])
-        for s in self.slot[evict]:
-            self._free.append(int(s))
+            free = np.flatnonzero(~used)[::-1]
+            self._free, self._nfree = np.empty(self.capacity, np.int64), len(free)
+            self._free[:len(free)] = free
+        n = self._nfree
+        self._free[n:n + len(evict)] = self.slot[evict]
+        n += len(evict)
         self.drop(evict)
-        if len(admit) > len(self._free):
-            raise UserError(f"cache overflow: {len(admit)} rows to admit, {len(self._free)} free slots")
-        slots = np.array([self._free.pop() for _ in range(len(admit))], dtype=np.int64)
+        if len(admit) > n:
+            raise UserError(f"cache overflow: {len(admit)} rows to admit, {n} free slots")
+        slots = self._free[n - len(admit):n][::-1].copy()
+        self._nfree = n - len(admit)
         if len(admit):
             self.rows[torch.from_numpy(slots)] = torch.as_tensor(rows)
         self.slot[admit] = slots.astype(np.int32)
+
+    def make(self, ids) -> int:
+        """Hold exactly the sorted rows `ids`: evict the others, read those not held (one coalesced
+        `read_rows`); returns how many were read. For a cache without setup rows (they would go)."""
+        held = np.flatnonzero(self.slot >= 0)
+        gone, new = np.setdiff1d(held, ids, assume_unique=True), np.setdiff1d(ids, held, assume_unique=True)
+        self.apply(gone, new, self.reader.read_rows(new) if len(new) else None)
+        return len(new)
 
 
 def replay_changes(policy, trace):
@@ -118,11 +130,7 @@ class PolicyCache:
         """Rows of the next iteration's `ids` (its trace entry, in any order)."""
         c_i, c_next = next(self.changes)
         cached = self.cached
-        held = np.flatnonzero(cached.slot >= 0)
-        gone, new = np.setdiff1d(held, c_i), np.setdiff1d(c_i, held)
-        if len(gone) or len(new):                         # a prefetch: rows the batch may not hold
-            cached.apply(gone, new, cached.reader.read_rows(new))
-            self.prefetched_rows += len(new)
+        self.prefetched_rows += cached.make(c_i)          # a prefetch: rows the batch may not hold
         self.hits += int(np.count_nonzero(cached.slot[ids] >= 0))
         x = cached.gather(ids)
         admit, evict = np.setdiff1d(c_next, c_i), np.setdiff1d(c_i, c_next)

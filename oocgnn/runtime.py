@@ -15,17 +15,19 @@ from __future__ import annotations
 
 import contextlib
 import time
+from types import SimpleNamespace
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from .ahead import AheadStage
 from .device import HostToDevice, blocks_of
 from .errors import UserError
 from .history import HistoryCache, NoHistory
 from .io import IOStats, drop_file_cache, range_chunks
 from .memcap import MemoryCap
 from .resident import CachedReader
-from .sampler import Sampler, induced_csc
+from .sampler import Sampler, induced_csc, sampled_steps
 from .schedules import _ids_of_ranges
 from .topology import NeighbourLists
 
@@ -185,6 +187,7 @@ class Runtime:
         self.loader = RangeLoader(self, plan.pipeline)
         self.cap = PageCacheCap(self) if plan.reader == "mmap" else OwnBudget(self)
         self.stage = None                             # the history stage: made at setup (it may profile)
+        self.ahead = AheadStage(self) if plan.lookahead else None   # sample ahead, then fetch (Ginex, BatchGNN)
         # evaluation (and the plan's profiling) read lists outside the measured run: with their own reader
         self.eval_topology = self.topology if plan.topology == "memory" else \
             self.topology.view(NeighbourLists.index_reader(store))
@@ -204,6 +207,8 @@ class Runtime:
                "sampler": self.sampler.scratch.nbytes}
         if self.stage is not None and self.plan.history is not None:
             out["history"] = self.stage.nbytes
+        if self.ahead is not None:                    # built per chunk: their bound (`ahead.sample_nbytes`)
+            out["samples"] = self.plan.samples_bytes()
         return out
 
     # -- the plan's steps --------------------------------------------------------------------
@@ -249,10 +254,25 @@ class Runtime:
         if "adjacency" in step.data:
             self.topology.point_ranges(step.enter_ranges, entry_base)
 
+    def walk(self, steps, sample, before, start=0):
+        """(i, epoch, batch, step, sample) of the run's steps from `start` (`sampler.sampled_steps`, with
+        `sample` the sampler's call and `before` the residency change); a plan that samples ahead gets
+        them a chunk ahead, from the stage's thread (the sampler's own calls: timed there)."""
+        if self.ahead is None:
+            return sampled_steps(steps, SimpleNamespace(sample=sample), before=before, start=start)
+        def timed_sample(*args):
+            t = time.perf_counter()
+            out = self.sampler.sample(*args)
+            self._time("sample", time.perf_counter() - t)
+            return out
+        # its steps move nothing (random batches): no residency change to make between them
+        return self.ahead.walk(sampled_steps(steps, SimpleNamespace(sample=timed_sample), start=start))
+
     def gather(self, ids):
         """Feature rows of `ids` for training (resident from RAM, the rest read), into a pinned buffer
         when the model is on a GPU."""
-        return self.cached.gather(ids, out=self.h2d.buffer(len(ids), self.store.feat_dim))
+        out = self.h2d.buffer(len(ids), self.store.feat_dim)
+        return self.cached.gather(ids, out=out) if self.ahead is None else self.ahead.gather(ids, out=out)
 
     def to_device(self, tensors, ctx):
         """The batch's tensors and its blocks on the model's device (`device.HostToDevice`)."""
@@ -273,7 +293,8 @@ class Runtime:
     # -- readers and the memory cap ------------------------------------------------------------
     def io(self) -> IOStats:
         """Everything the run's feature readers read so far (a reader replaced mid-run included)."""
-        return self.io_before_switch + self.cached.stats + self.loader.io()[0]
+        return self.io_before_switch + self.cached.stats + self.loader.io()[0] + \
+            (self.ahead.io() if self.ahead is not None else IOStats())
 
     def topology_io(self) -> IOStats:
         """Everything the run read of indices.bin."""
@@ -311,6 +332,8 @@ class Runtime:
 
     def close(self):
         self.loader.close()
+        if self.ahead is not None:
+            self.ahead.close()
         if self.eval_reader is not None:
             self.eval_reader.close()
         if self.eval_topology is not None and self.eval_topology.reader is not self.topology.reader:

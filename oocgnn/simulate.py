@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
+from .ahead import chunks
 from .errors import UserError
 from .history import HistoryStamps, history_prune
 from .io import PAGE, page_span, range_chunks, range_requests, request_breaks, span_runs
@@ -171,6 +172,32 @@ class Residency:
         return load
 
 
+    def fetch(self, fetch) -> dict:
+        """A chunk's fetch (`oocgnn.ahead`): its resident rows replace the previous chunk's scattered rows;
+        the rows read then (those not held, or all of them if it rereads) are its load."""
+        load, ids = dict.fromkeys(LOADS, 0), fetch.resident
+        held = self.masks["features", "ids"]
+        read = ids if fetch.reread else ids[~held[ids]]
+        load["load_feature_rows"] = len(read)
+        load["load_feature_pages"] = self.layout.feature_pages(read)[0]
+        load["load_feature_requests"] = self.layout.feature_requests(read)
+        held[:] = False
+        held[ids] = True
+        self._update()
+        return load
+
+    def change(self, admit, evict):
+        """A batch's changeset (Ginex §3.4): `evict` leaves the scattered rows, `admit` (rows the batch
+        read) enters them; no I/O."""
+        m = self.masks
+        m["features", "ids"][evict] = False
+        m["features", "ids"][admit] = True
+        for ids in (evict, admit):
+            self.resident["features"][ids] = (m["features", "setup"][ids] | m["features", "ranges"][ids]
+                                              | m["features", "ids"][ids] | self.extra["features"][ids])
+        self.counts["features"] += len(admit) - len(evict)
+
+
 def _reads(lay, resident, ids, data):
     """(count, pages, runs) read from disk for the ids not resident: feature rows or neighbour lists."""
     ids = np.sort(ids)
@@ -246,21 +273,28 @@ def simulate(store, plan, fanouts=None, epochs=1, seed=0, feature_cache=None, ne
     rows, t0 = [], time.perf_counter()
     bar = tqdm(desc=f"simulate {plan.schedule.name}", unit="batch", disable=not progress, leave=False)
     loads = {}
-    for i, epoch, b, step, sample in sampled_steps(plan, Sampler(store.neighbour_lists(), plan.fanouts, plan.seed),
-                                                   epochs,
-                                                   before=lambda i, step: loads.__setitem__(i, res.apply(step))):
-        row = {"epoch": epoch, "batch": b, "group": step.group, "seeds": len(step.seeds),
-               "visible_nodes": store.num_nodes if step.visible is None else len(step.visible)}
-        load = loads.pop(i)
-        used = None if stamps is None else stamps.plan(sample.blocks, i, prune=False)
-        row.update(count_batch(res.layout, res.resident, sample.blocks, hist, used))
-        if used is not None:
-            stamps.mark(used)
-        row.update(load, load_pages=load["load_feature_pages"] + load["load_adjacency_pages"])
-        row["load_bytes"] = row["load_pages"] * PAGE
-        row["resident_feature_rows"], row["resident_adjacency_nodes"] = (res.counts[d] for d in DATA)
-        rows.append(row)
-        bar.update()
+    walk = sampled_steps(plan, Sampler(store.neighbour_lists(), plan.fanouts, plan.seed), epochs,
+                         before=lambda i, step: loads.__setitem__(i, res.apply(step)))
+    # a plan that samples ahead fetches per chunk of batches (`oocgnn.ahead`); the others per batch
+    for items, fetch in chunks(plan, walk) if plan.lookahead else (([item], None) for item in walk):
+        begin = res.fetch(fetch) if fetch is not None else None
+        for k, (i, epoch, b, step, sample) in enumerate(items):
+            row = {"epoch": epoch, "batch": b, "group": step.group, "seeds": len(step.seeds),
+                   "visible_nodes": store.num_nodes if step.visible is None else len(step.visible)}
+            load = loads.pop(i)
+            if k == 0 and begin is not None:
+                load = {key: v + begin[key] for key, v in load.items()}
+            used = None if stamps is None else stamps.plan(sample.blocks, i, prune=False)
+            row.update(count_batch(res.layout, res.resident, sample.blocks, hist, used))
+            if used is not None:
+                stamps.mark(used)
+            if fetch is not None and fetch.changes is not None:
+                res.change(*fetch.changes[k][:2])
+            row.update(load, load_pages=load["load_feature_pages"] + load["load_adjacency_pages"])
+            row["load_bytes"] = row["load_pages"] * PAGE
+            row["resident_feature_rows"], row["resident_adjacency_nodes"] = (res.counts[d] for d in DATA)
+            rows.append(row)
+            bar.update()
     bar.close()
     df = pd.DataFrame(rows)
     df.attrs.update(schedule=repr(plan.schedule), fanouts=plan.fanouts, seed=plan.seed, setup=setup,

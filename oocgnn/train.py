@@ -19,7 +19,6 @@ import platform
 import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
@@ -35,7 +34,7 @@ from .models import build_model
 from .policies import make_plan
 from .rundir import RunDir, read_json
 from .runtime import Runtime
-from .sampler import Sampler, sampled_steps
+from .sampler import Sampler
 from .store import open_store
 from .units import format_size, peak_rss, reset_peak_rss
 
@@ -262,9 +261,9 @@ def _train(cfg, run, store, plan, runtime, t_enter, device) -> dict:
         elif start >= WARMUP_STEPS:
             runtime.end_warmup()
         setup_s = time.perf_counter() - t_enter
-        walk = sampled_steps(steps, SimpleNamespace(sample=timers.timed("sample", sampler.sample)),
-                             before=timers.timed("load", lambda i, step: runtime.before(step, next_load[i])),
-                             start=start)
+        walk = runtime.walk(steps, timers.timed("sample", sampler.sample),
+                            before=timers.timed("load", lambda i, step: runtime.before(step, next_load[i])),
+                            start=start)
         io0, t0 = runtime.io(), time.perf_counter()
         for i, epoch, b, step, sample in walk:     # loads the step's ranges, then samples its batch
             with timers("gather"):

@@ -64,22 +64,30 @@ def _partitioned(data, path, parts):
 
 SMALL_EPOCHS = 4
 OOC = {"hierbatching": {"static_ratio": 0.01, "passes": 2.0},
-       "outre": {"history_ratio": 0.1, "staleness": 100}}
+       "outre": {"history_ratio": 0.1, "staleness": 100},
+       # sample ahead, then fetch: the in-memory run's training exactly (their defaults but S, k and
+       # budgets that hold them on `small`: one batch's samples may be 124K rows there)
+       "ginex": {"superbatch": 4},
+       "macrobatch": {"memory_budget": "256MB"}}
+AHEAD = ("ginex", "macrobatch")
 
 
 def _means(path, tmp_path, knobs, **kw):
     """Test accuracy at best validation, mean of seeds 0-2, for each policy of `knobs`."""
-    return {p: np.mean([_test_acc(path, tmp_path / p, seed=s, policy=p, **kw, **k) for s in range(3)])
+    return {p: np.mean([_test_acc(path, tmp_path / p, seed=s, policy=p, **{**kw, **k}) for s in range(3)])
             for p, k in knobs.items()}
 
 
 def test_out_of_core_matches_inmemory_on_small(tmp_path):
-    """HierBatching (r_s = 0.01, p = 2) and OUTRE reach in-memory accuracy within 1 point (means of 3 seeds)."""
+    """HierBatching (r_s = 0.01, p = 2) and OUTRE reach in-memory accuracy within 1 point (means of 3 seeds);
+    Ginex and macrobatching train exactly as in memory (only the order of independent work changes)."""
     path = _partitioned(generate("small"), tmp_path / "small", 256)
     means = _means(path, tmp_path, {"inmemory": {}, **OOC}, epochs=SMALL_EPOCHS, memory_budget="64MB",
                    parts_per_megabatch=32, max_eval_nodes=3000)
     for policy in OOC:
         assert abs(means[policy] - means["inmemory"]) <= 0.01, means
+    for policy in AHEAD:
+        assert means[policy] == means["inmemory"], means
 
 
 def _ooc_real(name, tmp_path, epochs):
@@ -91,7 +99,9 @@ def _ooc_real(name, tmp_path, epochs):
               max_eval_nodes=3000)
     knobs = {"inmemory": {}, "hierbatching": {**OOC["hierbatching"], "parts_per_megabatch": 8},
              # ~3 iterations per epoch here: a staleness of 2 is OUTRE's 100-of-1500 in spirit
-             "outre": {**OOC["outre"], "parts_per_macro": 32, "staleness": 2}}
+             "outre": {**OOC["outre"], "parts_per_macro": 32, "staleness": 2},
+             # ginex: a cache of 40 % of the features (23 MB); macrobatch: two unions of up to every row
+             "ginex": {"memory_budget": "24MB"}, "macrobatch": {"memory_budget": "64MB"}}
     return _means(path, tmp_path, knobs, **kw)
 
 
@@ -99,6 +109,8 @@ def test_out_of_core_matches_inmemory_on_amazon_photo(tmp_path):
     means = _ooc_real("amazon_photo", tmp_path, epochs=30)
     for policy in OOC:
         assert means[policy] >= means["inmemory"] - 0.01, means
+    for policy in AHEAD:
+        assert means[policy] == means["inmemory"], means
 
 
 @pytest.mark.skipif(not os.environ.get("OOCGNN_HEAVY"), reason="about 15 minutes on 2 cores "

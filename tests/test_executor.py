@@ -29,6 +29,12 @@ RUNS = {
     "outre-frequency": {"policy": "outre", "parts_per_macro": 4, "memory_budget": "900KB", "history_ratio": 0.1,
                         "history_by": "degree", "feature_cache": "frequency", "staleness": 1000,
                         "topology": "disk"},
+    "ginex": {"superbatch": 4, "memory_budget": "3MB"},
+    "ginex-disk": {"policy": "ginex", "superbatch": 3, "memory_budget": "3MB", "topology": "disk",
+                   "neighbour_cache_ratio": 0.02},
+    "macrobatch": {"macrobatch": 4, "memory_budget": "8MB"},
+    "macrobatch-disk": {"policy": "macrobatch", "macrobatch": 3, "memory_budget": "8MB", "static_cache": True,
+                        "topology": "disk"},
 }
 
 
@@ -173,12 +179,15 @@ def test_outre_history_reuses_and_saves_reads(fennel16, tmp_path):
 
 @pytest.mark.slow
 def test_executed_io_equals_simulated_on_small(tmp_path):
-    """The same agreement on the 200K-node graph, for both out-of-core policies (histories included)."""
+    """The same agreement on the 200K-node graph, for every out-of-core policy (histories included)."""
     from oocgnn.partition import partitioned_store
     from oocgnn.synthetic import generate
     store = partitioned_store(generate("small"), tmp_path / "small", "fennel", 128, cache_dir=False)
     for policy, kw in (("hierbatching", {"parts_per_megabatch": 16}),
-                       ("outre", {"history_ratio": 0.05, "memory_budget": "20MB", "staleness": 50})):
+                       ("outre", {"history_ratio": 0.05, "memory_budget": "20MB", "staleness": 50}),
+                       ("ginex", {"superbatch": 8, "memory_budget": "96MB", "topology": "disk",
+                                  "neighbour_cache_ratio": 0.1}),
+                       ("macrobatch", {"macrobatch": 4, "memory_budget": "256MB", "topology": "disk"})):
         cfg = _cfg(store, tmp_path, policy=policy, batch_size=1024, epochs=1, **kw)
         _assert_agree(train(cfg), *_simulated(store, cfg), exact=True)
 

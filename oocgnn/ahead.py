@@ -1,0 +1,221 @@
+"""Sample ahead, then fetch: Ginex superbatches (Ginex §3) and BatchGNN macrobatches (BatchGNN §4).
+
+Both papers sample a chunk of mini-batches before fetching any feature row, then fetch what the
+chunk needs once, in the best order. A plan with `lookahead` S > 0 walks its steps in chunks of S
+consecutive batches of one epoch (`chunks`); its `fetcher` turns a chunk's sampled input rows into
+a `ChunkFetch`:
+
+- `BeladyFetch` (Ginex §3.4): the Belady changesets of the superbatch (`belady.belady_changesets`,
+  computed over the superbatch's own ids so its scratch is O(accesses), not O(N)). At the chunk's
+  start the feature cache is made its `init` (the rows not already held are read: Ginex's
+  "switch"); after each batch's gather the cache evicts `out` and admits `in` from the batch's own
+  rows, so a miss is read once, when its batch gathers it.
+- `UnionFetch` (BatchGNN): the union of the chunk's input rows, minus an optional static cache,
+  read in one deduplicated, coalesced call into one of two buffers; every batch of the chunk then
+  gathers from RAM.
+
+The simulator (`oocgnn.simulate`) and the executor's stage (`AheadStage`, which samples and
+prepares the next chunk in a background thread while the current one trains) read the same
+`ChunkFetch`es, so their reads agree exactly (a test).
+"""
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from typing import NamedTuple
+
+import numpy as np
+import torch
+
+from .belady import belady_changesets
+from .blocks import background_thread
+from .errors import UserError
+from .io import IOStats
+from .trace import Trace
+
+
+def sample_bound(batch_size, fanouts, num_nodes, num_edges) -> tuple[int, int]:
+    """(input rows, bytes) a sampled batch of `batch_size` seeds can hold at most: layer by layer from
+    the seeds, ≤ fanout distinct picks per destination (all its edges for -1), every count capped by
+    the graph's nodes and edges; bytes of our `Block`s (int64 indptr, indices and src_nodes)."""
+    dst, nbytes = min(int(batch_size), int(num_nodes)), 0
+    for f in reversed([int(f) for f in fanouts]):
+        edges = int(num_edges) if f < 0 else min(dst * f, int(num_edges))
+        src = min(int(num_nodes), dst + edges)
+        nbytes += 8 * (dst + 1) + 8 * edges + 8 * src
+        dst = src
+    return dst, nbytes
+
+
+class ChunkFetch(NamedTuple):
+    """What a chunk fetches: `resident`, the sorted rows its dynamic cache holds from the chunk's start
+    (read then: those not yet held, or all of them if `reread`), and per batch (in_ids, out_ids,
+    positions of in_ids in the batch's sorted input rows) applied after its gather, or None."""
+    resident: np.ndarray
+    changes: list | None
+    reread: bool
+
+
+class BeladyFetch:
+    """Ginex §3.4: the Belady-optimal changesets of one superbatch for a cache of `capacity` rows."""
+
+    def __init__(self, capacity):
+        self.capacity = int(capacity)
+
+    def __call__(self, inputs) -> ChunkFetch:
+        if not inputs:
+            return ChunkFetch(np.empty(0, np.int64), [], False)
+        uniq, local = np.unique(np.concatenate(inputs), return_inverse=True)   # the superbatch's own ids
+        offsets = np.zeros(len(inputs) + 1, np.int64)
+        np.cumsum([len(a) for a in inputs], out=offsets[1:])
+        ids = np.concatenate([np.sort(local[offsets[i]:offsets[i + 1]]) for i in range(len(inputs))])
+        trace = Trace(offsets, ids.astype(np.int32), len(uniq))
+        init, sets = belady_changesets(trace, self.capacity)
+        small = np.int32 if len(uniq) < 2**31 and uniq[-1] < 2**31 else np.int64     # 12 B per admitted row
+        return ChunkFetch(uniq[init], [(uniq[a].astype(small), uniq[o].astype(small), p.astype(small))
+                                       for a, o, p in sets], False)
+
+
+class UnionFetch:
+    """BatchGNN: one deduplicated fetch of the union of a macrobatch's input rows (`static`: a bool
+    mask [N] of rows resident all run, not fetched), into a buffer of `rows` rows."""
+
+    def __init__(self, static, rows):
+        self.static, self.rows = static, int(rows)
+
+    def __call__(self, inputs) -> ChunkFetch:
+        union = np.unique(np.concatenate(inputs)) if inputs else np.empty(0, np.int64)
+        fetch = union[~self.static[union]]
+        if len(fetch) > self.rows:
+            raise UserError(f"a macrobatch of {len(inputs)} batches needs {len(fetch):,} rows fetched but its buffer "
+                            f"holds {self.rows:,} (--union-rows); raise --union-rows (0: the bound, which always "
+                            "holds) or lower --macrobatch")
+        return ChunkFetch(fetch, None, True)
+
+
+def chunks(plan, walk):
+    """(items, fetch) per chunk of the walk's (i, epoch, batch, step, sample) items: `plan.lookahead`
+    consecutive batches of one epoch (batch // S: a resumed run keeps the chunks' edges), and the
+    plan's `ChunkFetch` of their input rows."""
+    items, key = [], None
+    for item in walk:
+        k = (item[1], item[2] // plan.lookahead)
+        if items and k != key:
+            yield items, plan.fetcher([it[4].input_nodes for it in items])
+            items = []
+        items.append(item)
+        key = k
+    if items:
+        yield items, plan.fetcher([it[4].input_nodes for it in items])
+
+
+def sample_nbytes(items) -> int:
+    """Bytes the samples of a chunk hold (their blocks' arrays): what `plan.memory()["samples"]` bounds."""
+    return sum(a.nbytes for it in items for b in it[4].blocks for a in (b.indptr, b.indices, b.src_nodes))
+
+
+class AheadStage:
+    """The executor's sample-ahead stage: a background thread samples the next chunk and computes its
+    fetch (Ginex overlaps the next superbatch's sampling with this one; BatchGNN the next macrobatch's
+    sampling and fetch with this one's steps) while the main thread trains on the current chunk.
+    Two chunks exist at most (the plan's memory counts two). Union rows are read by the stage's own
+    reader into the half of the cache's buffer the current chunk does not use."""
+
+    def __init__(self, runtime):
+        self.runtime, self.plan = runtime, runtime.plan
+        self.cached = runtime.cached
+        self.reader = runtime.store.reader("direct") if self.plan.fetch_reads_ahead else None
+        self.base, self.half = self.plan.setup_rows(), 0
+        self.rows = self.plan.group_rows()
+        self.current = None                     # the chunk's ChunkFetch
+        self.change = None                      # the change to apply after the next gather
+        self.held_union = None
+        self.chunks_done = 0
+
+    def io(self) -> IOStats:
+        return self.reader.stats.snapshot() if self.reader is not None else IOStats()
+
+    def _fetch_union(self, fetch, half):
+        """Read the union rows into buffer `half` (in the producer thread)."""
+        lo = self.base + half * self.rows
+        if len(fetch.resident):
+            self.cached.rows[lo:lo + len(fetch.resident)] = torch.from_numpy(self.reader.read_rows(fetch.resident))
+
+    def walk(self, walk):
+        """The walk's items, sampled and fetched a chunk ahead; the cache follows each chunk's fetch."""
+        out, free, stop = queue.Queue(), threading.Semaphore(2), threading.Event()
+        runtime = self.runtime
+
+        def produce():
+            background_thread()                         # its sampling leaves the parallel kernels to training
+            try:
+                half, gen = 0, chunks(self.plan, walk)
+                while True:
+                    free.acquire()
+                    if stop.is_set():
+                        return
+                    t = time.perf_counter()
+                    got = next(gen, None)
+                    if got is None:
+                        out.put(None)
+                        return
+                    items, fetch = got
+                    if fetch.reread:
+                        self._fetch_union(fetch, half)
+                    runtime._time("ahead", time.perf_counter() - t)
+                    out.put((items, fetch, half))
+                    half = 1 - half
+            except BaseException as e:                  # noqa: BLE001 (raised in the consumer)
+                out.put(e)
+
+        thread = threading.Thread(target=produce, name="oocgnn-ahead", daemon=True)
+        thread.start()
+        try:
+            while True:
+                t = time.perf_counter()
+                got = out.get()
+                runtime._time("wait", time.perf_counter() - t)
+                if got is None:
+                    return
+                if isinstance(got, BaseException):
+                    raise got
+                items, fetch, half = got
+                self.begin(fetch, half)
+                for k, item in enumerate(items):
+                    self.change = None if fetch.changes is None else fetch.changes[k]
+                    yield item
+                free.release()                          # its samples and buffer half may be reused
+        finally:
+            stop.set()
+            free.release()
+            free.release()
+            thread.join()
+
+    def begin(self, fetch, half):
+        """A chunk starts: Ginex's switch (the cache becomes the superbatch's init; the rows not held are
+        read now), or the union fetched into buffer `half` replaces the previous chunk's."""
+        t = time.perf_counter()
+        if fetch.reread:
+            if self.held_union is not None:
+                self.cached.drop(self.held_union)
+            self.cached.point(fetch.resident, self.base + half * self.rows)
+            self.held_union = fetch.resident
+        else:
+            self.cached.make(fetch.resident)
+        self.runtime._time("switch", time.perf_counter() - t)
+
+    def gather(self, ids, out=None):
+        """The batch's rows through the cache, then the batch's changeset (Ginex §3.3 Fig. 11): the rows
+        it admits are copied from the batch itself."""
+        x = self.cached.gather(ids, out=out)
+        if self.change is not None:
+            admit, evict, pos = self.change
+            rows = x[torch.from_numpy(np.argsort(ids, kind="stable")[pos])] if len(pos) else None
+            self.cached.apply(evict, admit, rows)
+            self.change = None
+        return x
+
+    def close(self):
+        if self.reader is not None:
+            self.reader.close()

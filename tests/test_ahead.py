@@ -1,0 +1,135 @@
+"""Sample ahead, then fetch (Ginex superbatches, BatchGNN macrobatches) against their oracles: Belady's
+changesets on the same trace, the macrobatch trace replay, the in-memory run's training, the samples'
+bound and the budget."""
+import threading
+
+import numpy as np
+import pytest
+
+from oocgnn.ahead import BeladyFetch, chunks, sample_bound, sample_nbytes
+from oocgnn.belady import belady_changesets, belady_naive, changeset_hits
+from oocgnn.config import TrainConfig
+from oocgnn.errors import UserError
+from oocgnn.macrobatch import macrobatch_fetch
+from oocgnn.policies import make_plan
+from oocgnn.sampler import Sampler, sampled_steps
+from oocgnn.simulate import simulate
+from oocgnn.trace import Trace, record_trace
+from oocgnn.train import train
+
+
+def _cfg(store, tmp_path, **kw):
+    kw = {"epochs": 2, "batch_size": 128, "max_eval_nodes": 100, "progress": False,
+          "out": str(tmp_path / kw.get("policy", "run")), "memory_budget": "4MB", **kw}
+    return TrainConfig.create(store=str(store.path), **kw)
+
+
+def _chunks(store, plan, epochs=1):
+    walk = sampled_steps(plan, Sampler(store.neighbour_lists(), plan.fanouts, plan.seed), epochs)
+    return list(chunks(plan, walk))
+
+
+@pytest.mark.parametrize("fanouts", ["10,10", "3,5,2", "-1,4"])
+def test_samples_stay_within_the_planned_bound(fennel16, tmp_path, fanouts):
+    """Every sampled batch's input rows and bytes are within `sample_bound`, so a chunk's samples are
+    within what the plan counts for them."""
+    cfg = _cfg(fennel16, tmp_path, policy="ginex", fanouts=fanouts, superbatch=3, memory_budget="64MB")
+    plan = make_plan(fennel16, cfg)
+    rows, nbytes = sample_bound(cfg.batch_size, plan.fanouts, fennel16.num_nodes, fennel16.num_edges)
+    for items, _ in _chunks(fennel16, plan):
+        assert len(items) <= 3 and len({(it[1], it[2] // 3) for it in items}) == 1, "one chunk, one epoch"
+        assert all(len(it[4].input_nodes) <= rows for it in items)
+        assert sample_nbytes(items) <= len(items) * nbytes
+        assert 2 * sample_nbytes(items) <= plan.memory()["samples"]
+
+
+@pytest.mark.parametrize("capacity", [0, 50, 700, 5000])
+def test_belady_fetch_is_ginex_changesets_of_the_superbatch(fennel16, tmp_path, capacity):
+    """A superbatch's fetch (computed over its own ids) is Belady's changesets of its trace in store
+    ids: the same init and changes, the protocol holds, and the hits are the exhaustive oracle's."""
+    plan = make_plan(fennel16, _cfg(fennel16, tmp_path, policy="ginex", superbatch=6, memory_budget="64MB"))
+    for items, _ in _chunks(fennel16, plan)[:2]:
+        inputs = [it[4].input_nodes for it in items]
+        fetch = BeladyFetch(capacity)(inputs)
+        trace = Trace.from_batches(inputs, fennel16.num_nodes)
+        init, sets = belady_changesets(trace, capacity)
+        np.testing.assert_array_equal(fetch.resident, init)
+        for (a, o, p), (a2, o2, p2) in zip(fetch.changes, sets, strict=True):
+            for x, y in ((a, a2), (o, o2), (p, p2)):
+                np.testing.assert_array_equal(x, y)
+        hits = changeset_hits(trace, fetch.resident, fetch.changes, capacity)
+        oracle = changeset_hits(trace, *belady_naive(trace, capacity), capacity)
+        assert hits.sum() == oracle.sum()
+
+
+@pytest.mark.parametrize("policy, kw", [("ginex", {"superbatch": 4, "memory_budget": "3MB"}),
+                                        ("macrobatch", {"macrobatch": 3, "memory_budget": "8MB",
+                                                        "static_cache": True, "topology": "disk"})])
+def test_sampling_ahead_changes_time_not_training(fennel16, tmp_path, policy, kw):
+    """Ginex §3.1: only the order of independent work changes, so the losses and accuracies are those of
+    the in-memory run of the same seed, to the bit, while rows are read from disk."""
+    ahead = train(_cfg(fennel16, tmp_path / "a", policy=policy, eval_every=7, **kw))
+    base = train(_cfg(fennel16, tmp_path / "b", policy="inmemory", eval_every=7))
+    cols = ["step", "train_loss", "val_acc", "test_acc"]
+    assert ahead["log"][cols].equals(base["log"][cols])
+    assert ahead["io"]["rows"] > 0 and ahead["stage_s"]["bg_sample"] > 0
+
+
+def test_macrobatch_fetches_the_trace_replays_union(fennel16, tmp_path):
+    """The rows a macrobatch run reads equal `macrobatch_fetch`'s count on the trace of the same batches
+    (BatchGNN's fetched rows), for k = 1 (every batch's rows) and larger k, which read fewer."""
+    trace = None
+    fetched = {}
+    for k in (1, 2, 5):
+        cfg = _cfg(fennel16, tmp_path, policy="macrobatch", macrobatch=k, epochs=1, memory_budget="16MB")
+        plan = make_plan(fennel16, cfg)
+        if trace is None:
+            trace = record_trace(fennel16, plan.schedule, plan.fanouts, seed=plan.seed, cache_dir=False)
+        df = simulate(fennel16, plan, progress=False)
+        fetched[k] = int(df["load_feature_rows"].sum())
+        assert fetched[k] == int(macrobatch_fetch(trace, [k])["fetched_rows"].iloc[0])
+        assert df["feature_rows_read"].sum() == 0, "every batch gathers from its macrobatch's union"
+    assert fetched[1] == trace.accesses and fetched[5] < fetched[2] < fetched[1]
+
+
+def test_a_superbatch_that_does_not_fit_says_what_would(fennel16, tmp_path):
+    with pytest.raises(UserError, match=r"--superbatch 64 needs .* --superbatch (\d+) would fit") as e:
+        make_plan(fennel16, _cfg(fennel16, tmp_path, policy="ginex", superbatch=64, memory_budget="5MB"))
+    fits = int(str(e.value).rsplit("--superbatch ", 1)[1].split()[0])
+    assert make_plan(fennel16, _cfg(fennel16, tmp_path, policy="ginex", superbatch=fits, memory_budget="5MB"))
+    with pytest.raises(UserError, match=r"no macrobatch fits: --memory-budget .* would hold one of 1"):
+        make_plan(fennel16, _cfg(fennel16, tmp_path, policy="macrobatch", macrobatch=4, memory_budget="100KB"))
+    for bad in ({"superbatch": 0}, {"macrobatch": 0}):
+        with pytest.raises(UserError, match="must be >= 1"):
+            _cfg(fennel16, tmp_path, **bad)
+
+
+def test_an_interrupted_run_stops_its_sampling_thread(fennel16, tmp_path, monkeypatch):
+    from oocgnn import runtime
+    forward = runtime.Runtime.forward
+
+    def killed_at_5(self, model, ctx, x, t):
+        if t == 5:
+            raise KeyboardInterrupt
+        return forward(self, model, ctx, x, t)
+    monkeypatch.setattr(runtime.Runtime, "forward", killed_at_5)
+    with pytest.raises(KeyboardInterrupt):
+        train(_cfg(fennel16, tmp_path, policy="ginex", superbatch=2, memory_budget="3MB"))
+    assert not [t for t in threading.enumerate() if t.name == "oocgnn-ahead"]
+
+
+def test_union_buffers_sized_by_the_largest_union(fennel16, tmp_path):
+    """--union-rows sizes the two buffers below the bound: the largest union `simulate` finds runs (and
+    reads what the bound's run reads); one row less stops the simulation and the run with what to do."""
+    cfg = _cfg(fennel16, tmp_path, policy="macrobatch", macrobatch=2, memory_budget="16MB", epochs=1)
+    df = simulate(fennel16, make_plan(fennel16, cfg), progress=False)
+    largest = int(df["load_feature_rows"].max())
+    assert largest < make_plan(fennel16, cfg).group_rows()
+    tight = cfg.replace(union_rows=largest)
+    assert make_plan(fennel16, tight).memory()["feature_rows"] == 2 * largest * fennel16.row_bytes
+    assert train(tight)["io"]["rows"] == df["load_feature_rows"].sum()
+    short = cfg.replace(union_rows=largest - 1, out=str(tmp_path / "short"))
+    with pytest.raises(UserError, match="raise --union-rows"):
+        simulate(fennel16, make_plan(fennel16, short), progress=False)
+    with pytest.raises(UserError, match="raise --union-rows"):
+        train(short)
