@@ -9,7 +9,8 @@ two buffers, in a background thread while training runs on the other when the pl
 scattered ranges (HB−) are one coalesced gather.
 Plans that read through the OS page cache run under `PageCacheCap`; the others bound their own
 resident bytes (`OwnBudget`). The history stage (`oocgnn.history`) decides which input rows a
-batch needs and finishes its forward pass.
+batch needs and finishes its forward pass. Plans that sample ahead (Ginex, BatchGNN) get their
+steps from the sample-ahead stage (`oocgnn.ahead.AheadStage`), which also drives their cache.
 """
 from __future__ import annotations
 

@@ -254,7 +254,8 @@ def simulate(store, plan, fanouts=None, epochs=1, seed=0, feature_cache=None, ne
     schedule (a Schedule, or a name + schedule_params) walked with `fanouts` and sampling `seed`.
 
     Counted as the executor runs it: `plan.setup()` loads before the first step (its counts in
-    `df.attrs["setup"]`), each step's residency change is applied before its batch is sampled, and
+    `df.attrs["setup"]`), each step's residency change is applied before its batch is sampled, a plan
+    that samples ahead fetches per chunk (`oocgnn.ahead`: counted as loads of the chunk's first batch), and
     with the plan's histories (OUTRE §4.3) only what a pruned batch uses is read, the histories'
     stamps refreshed as the executor's are. feature_cache / neighbour_cache: ids (or masks) always
     resident at no cost; history: ids (or a mask) of an ideal always-fresh history, counted apart in
