@@ -119,19 +119,17 @@ class AheadStage:
     """The executor's sample-ahead stage: a background thread samples the next chunk and computes its
     fetch (Ginex overlaps the next superbatch's sampling with this one; BatchGNN the next macrobatch's
     sampling and fetch with this one's steps) while the main thread trains on the current chunk.
-    Two chunks exist at most (the plan's memory counts two). Union rows are read by the stage's own
+    Two chunks exist at most, and the first sample of a third (it ends the second): the plan's memory
+    counts them. Union rows are read by the stage's own
     reader into the half of the cache's buffer the current chunk does not use."""
 
     def __init__(self, runtime):
         self.runtime, self.plan = runtime, runtime.plan
         self.cached = runtime.cached
         self.reader = runtime.store.reader("direct") if self.plan.fetch_reads_ahead else None
-        self.base, self.half = self.plan.setup_rows(), 0
-        self.rows = self.plan.group_rows()
-        self.current = None                     # the chunk's ChunkFetch
+        self.base, self.rows = self.plan.setup_rows(), self.plan.group_rows()   # the union buffers' halves
         self.change = None                      # the change to apply after the next gather
-        self.held_union = None
-        self.chunks_done = 0
+        self.held_union = None                  # the rows the current union buffer holds
 
     def io(self) -> IOStats:
         return self.reader.stats.snapshot() if self.reader is not None else IOStats()

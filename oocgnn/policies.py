@@ -399,9 +399,9 @@ class OutrePlan(Plan):
 
 class SampleAheadPlan(Plan):
     """Random batches sampled `lookahead` at a time, then fetched for the chunk at once
-    (`oocgnn.ahead`): the samples of two chunks (the one training, the one sampled ahead) and their
-    changesets are resident, counted here at their bound from the fanouts; the scratch that computes a
-    chunk's fetch is working memory, like the sampler's per batch."""
+    (`oocgnn.ahead`): the samples of two chunks (the one training, the one sampled ahead; and the next
+    one's first sample) and their changesets are resident, counted here at their bound from the
+    fanouts; the scratch that computes a chunk's fetch is working memory, like the sampler's per batch."""
     lookahead = 1
     fetch_reads_ahead = False     # the chunk's rows are read by the stage's thread, ahead of its steps
     change_bytes = 0              # bytes per sampled input row of a chunk's changesets
@@ -417,10 +417,11 @@ class SampleAheadPlan(Plan):
         return sample_bound(self.cfg.batch_size, self.fanouts, self.store.num_nodes, self.store.num_edges)[0]
 
     def samples_bytes(self, size=None) -> int:
-        """Two chunks of `size` (default the plan's) samples and their changesets, at their bound."""
+        """Two chunks of `size` (default the plan's) samples and their changesets, and the sample that ends
+        the second (`ahead.chunks` sees a chunk end at the next one's first batch), at their bound."""
         from .ahead import sample_bound
         rows, nbytes = sample_bound(self.cfg.batch_size, self.fanouts, self.store.num_nodes, self.store.num_edges)
-        return 2 * (self.lookahead if size is None else size) * (nbytes + self.change_bytes * rows)
+        return (2 * (self.lookahead if size is None else size) + 1) * (nbytes + self.change_bytes * rows)
 
     def memory(self) -> dict:
         return {**super().memory(), "samples": self.samples_bytes()}
