@@ -48,3 +48,23 @@ def fennel16(tmp_path_factory, tiny_data):
     order, offsets = order_from_assignment(assignment, 16)
     return write_store(tiny_data, tmp_path_factory.mktemp("stores") / "tiny16", order=order,
                        part_offsets=offsets, partitioner="fennel", progress=False)
+
+
+@pytest.fixture
+def kill_at(monkeypatch):
+    """`kill_at(t)`: training raises KeyboardInterrupt when it reaches step t (a killed run), until
+    `kill_at(None)` restores it."""
+    from oocgnn import runtime
+    forward = runtime.Runtime.forward
+
+    def arm(t):
+        if t is None:
+            monkeypatch.setattr(runtime.Runtime, "forward", forward)
+            return
+
+        def killed(self, model, ctx, x, step):
+            if step == t:
+                raise KeyboardInterrupt
+            return forward(self, model, ctx, x, step)
+        monkeypatch.setattr(runtime.Runtime, "forward", killed)
+    return arm

@@ -104,15 +104,8 @@ def test_a_superbatch_that_does_not_fit_says_what_would(fennel16, tmp_path):
             _cfg(fennel16, tmp_path, **bad)
 
 
-def test_an_interrupted_run_stops_its_sampling_thread(fennel16, tmp_path, monkeypatch):
-    from oocgnn import runtime
-    forward = runtime.Runtime.forward
-
-    def killed_at_5(self, model, ctx, x, t):
-        if t == 5:
-            raise KeyboardInterrupt
-        return forward(self, model, ctx, x, t)
-    monkeypatch.setattr(runtime.Runtime, "forward", killed_at_5)
+def test_an_interrupted_run_stops_its_sampling_thread(fennel16, tmp_path, kill_at):
+    kill_at(5)
     with pytest.raises(KeyboardInterrupt):
         train(_cfg(fennel16, tmp_path, policy="ginex", superbatch=2, memory_budget="3MB"))
     assert not [t for t in threading.enumerate() if t.name == "oocgnn-ahead"]
@@ -135,22 +128,15 @@ def test_union_buffers_sized_by_the_largest_union(fennel16, tmp_path):
         train(short)
 
 
-def test_a_killed_ginex_run_resumes_to_the_same_losses(fennel16, tmp_path, monkeypatch):
+def test_a_killed_ginex_run_resumes_to_the_same_losses(fennel16, tmp_path, kill_at):
     """Resumed mid-superbatch, the run samples the rest of that superbatch ahead again (its cache starts
     cold, so it may read more) and trains to the same losses and accuracies."""
-    from oocgnn import runtime
     kw = {"policy": "ginex", "superbatch": 4, "memory_budget": "3MB", "checkpoint_every": 3}
     whole = train(_cfg(fennel16, tmp_path, out=str(tmp_path / "whole"), **kw))
-    forward = runtime.Runtime.forward
-
-    def killed_at_5(self, model, ctx, x, t):
-        if t == 5:
-            raise KeyboardInterrupt
-        return forward(self, model, ctx, x, t)
-    monkeypatch.setattr(runtime.Runtime, "forward", killed_at_5)
+    kill_at(5)
     with pytest.raises(KeyboardInterrupt):
         train(_cfg(fennel16, tmp_path, out=str(tmp_path / "killed"), **kw))
-    monkeypatch.setattr(runtime.Runtime, "forward", forward)
+    kill_at(None)
     resumed = train(TrainConfig.create(store=str(fennel16.path), resume=str(tmp_path / "killed"), progress=False))
     assert resumed["resumed_at"] == 3
     cols = ["epoch", "step", "train_loss", "val_acc", "test_acc"]

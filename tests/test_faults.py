@@ -147,22 +147,15 @@ RESUMED = {"inmemory": {}, "hierbatching": {"parts_per_megabatch": 4, "static_ra
 
 
 @pytest.mark.parametrize("policy", list(RESUMED))
-def test_a_killed_run_resumes_to_the_same_losses(fennel16, tmp_path, monkeypatch, policy):
+def test_a_killed_run_resumes_to_the_same_losses(fennel16, tmp_path, kill_at, policy):
     """Killed after step 5 with a checkpoint every 3 steps, resumed from step 3: the same log (losses,
     accuracies, bytes read) as the run that was never interrupted."""
-    from oocgnn import runtime
     kw = {"policy": policy, "checkpoint_every": 3, "dropout": 0.5, **RESUMED[policy]}
     whole = _run(fennel16, tmp_path, name="whole", **kw)
-    forward = runtime.Runtime.forward
-
-    def killed_at_5(self, model, ctx, x, t):
-        if t == 5:
-            raise KeyboardInterrupt
-        return forward(self, model, ctx, x, t)
-    monkeypatch.setattr(runtime.Runtime, "forward", killed_at_5)
+    kill_at(5)
     with pytest.raises(KeyboardInterrupt):
         _run(fennel16, tmp_path, name="killed", **kw)
-    monkeypatch.setattr(runtime.Runtime, "forward", forward)
+    kill_at(None)
     assert not (tmp_path / "killed" / "summary.json").exists()
     resumed = train(TrainConfig.create(store=str(fennel16.path), resume=str(tmp_path / "killed"), progress=False))
     assert resumed["resumed_at"] == 3 and resumed["steps"] == whole["steps"]
