@@ -169,7 +169,7 @@ def test_training_runs_without_dgl(tmp_path):
         for policy in POLICIES:
             for model in ("sage", "gat", "gin"):
                 s = train(TrainConfig.create(store=str(parted.path), policy=policy, model=model, epochs=1,
-                                             memory_budget="8MB", superbatch=2, macrobatch=2,
+                                             memory_budget="10MB", superbatch=2, macrobatch=2,
                                              progress=False, force=True,
                                              out={str(tmp_path)!r} + f"/{{policy}}-{{model}}"))
                 assert s["final_val_acc"] > 0.15, (policy, model, s["final_val_acc"])
