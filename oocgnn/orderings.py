@@ -1,0 +1,131 @@
+"""Partition-buffer orderings (MariusGNN §5): which physical partitions the buffer holds, state by state.
+
+A buffer holds `c` of `p` physical partitions; an ordering is the sequence of buffer states S_i of
+one epoch (each a list of partition ids) and the assignment of each training node to one state
+that holds its partition (its X_i). Three orderings:
+
+- `beta`: Marius's BETA (OSDI '21; MariusGNN §5.1, Fig. 4): c − 1 partitions stay while every other
+  one passes through the last slot, then they retire; one partition swapped per state, every pair
+  of partitions co-resident at least once, near the I/O lower bound. Examples go to the *first*
+  state that can take them (greedy), which correlates consecutive mini-batches.
+- `comet`: MariusGNN's COMET (§5.1, Fig. 5): each epoch the physical partitions are grouped at
+  random into `l` logical partitions of r = p/l, BETA runs over the logical ones with c_l = c·l/p of
+  them in the buffer, and each example goes to a state drawn uniformly among those that hold it
+  (deferred, randomised: balanced X_i, decorrelated batches).
+- `sequential`: the control: disjoint groups of c consecutive partitions in store order, the same
+  every epoch, each example with its group.
+
+`beta_loads(n, b)` is the closed form of BETA's partition loads (digest §3); the tests check the
+states against it and the pair coverage against a brute-force count.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .errors import UserError
+
+ORDERINGS = ("comet", "beta", "sequential")
+
+
+def beta_states(n: int, cap: int, rng) -> list[list[int]]:
+    """BETA's buffer states over `n` partitions with room for `cap` (Marius' greedy one-swap traversal):
+    a random first buffer; then, until no partition is left on disk, every on-disk partition cycles
+    through the last slot while the first cap − 1 stay, and those cap − 1 retire, replaced one at a
+    time by partitions still on disk. Consecutive states differ by one partition."""
+    if cap < 2 or cap > n:
+        raise UserError(f"a BETA buffer needs 2 <= capacity <= partitions, got capacity {cap} of {n}")
+    perm = [int(x) for x in rng.permutation(n)]
+    buf, disk = perm[:cap], perm[cap:]
+    states = [list(buf)]
+    while disk:
+        rng.shuffle(buf)
+        rng.shuffle(disk)
+        for i in range(len(disk)):                    # each on-disk partition meets the cap − 1 fixed ones
+            disk[i], buf[-1] = buf[-1], disk[i]
+            states.append(list(buf))
+        rng.shuffle(disk)
+        for i in range(min(cap - 1, len(disk))):      # the fixed ones have met everyone: retire them
+            buf[i] = disk[i]
+            states.append(list(buf))
+        disk = disk[cap - 1:]
+    return states
+
+
+def beta_loads(n: int, cap: int) -> int:
+    """Partition loads of `beta_states(n, cap)` in closed form: cap + Σ_k (m_k + min(cap − 1, m_k)),
+    m_0 = n − cap, m_{k+1} = m_k − min(cap − 1, m_k). Its states number loads − cap + 1."""
+    loads, m = cap, n - cap
+    while m > 0:
+        loads += m + min(cap - 1, m)
+        m -= min(cap - 1, m)
+    return loads
+
+
+def comet_states(p: int, c: int, l: int, rng) -> list[list[int]]:
+    """COMET's buffer states: the p physical partitions grouped at random into `l` logical partitions of
+    r = p / l, BETA over the logical ones with c_l = c·l/p in the buffer, each logical state expanded to
+    its c physical partitions."""
+    r, c_l = comet_shape(p, c, l)
+    groups = rng.permutation(p).reshape(l, r)
+    return [sorted(int(x) for g in state for x in groups[g]) for state in beta_states(l, c_l, rng)]
+
+
+def comet_shape(p: int, c: int, l: int) -> tuple[int, int]:
+    """(r, c_l): physical partitions per logical one and logical partitions in the buffer; refuses an l
+    that does not split p and c evenly (MariusGNN §5.1: p/c = l/c_l) or leaves fewer than 2 in the buffer."""
+    if l < 2 or p % l or (c * l) % p or c * l // p < 2:
+        divisors = [k for k in range(2, p + 1) if p % k == 0 and (c * k) % p == 0 and c * k // p >= 2]
+        raise UserError(f"COMET needs l logical partitions with p/l and c·l/p whole and c·l/p >= 2 "
+                        f"(p={p}, c={c}); l={l} does not: choose l from {divisors or 'none (raise c)'}")
+    return p // l, c * l // p
+
+
+def auto_logical(p: int, c: int) -> int:
+    """MariusGNN §6's rule: l = 2p/c, two logical partitions in the buffer."""
+    return 2 * p // c
+
+
+def sequential_states(p: int, c: int) -> list[list[int]]:
+    """Disjoint groups of c consecutive partitions in store order (the last may hold fewer)."""
+    return [list(range(i, min(i + c, p))) for i in range(0, p, c)]
+
+
+def epoch_states(ordering: str, p: int, c: int, l: int, rng) -> list[list[int]]:
+    """The buffer states of one epoch of `ordering` (`rng`: that epoch's stream)."""
+    if ordering == "beta":
+        return beta_states(p, c, rng)
+    if ordering == "comet":
+        return comet_states(p, c, l, rng)
+    if ordering == "sequential":
+        return sequential_states(p, c)
+    raise UserError(f"unknown ordering {ordering!r}; choose from {', '.join(ORDERINGS)}")
+
+
+def assign(states, part_of_node: np.ndarray, p: int, how: str, rng) -> np.ndarray:
+    """int64 [len(part_of_node)]: the state each example trains in, among the states holding its
+    partition: the first (`greedy`, BETA's) or one drawn uniformly per example (`random`, COMET's)."""
+    holding = [[] for _ in range(p)]
+    for i, state in enumerate(states):
+        for k in state:
+            holding[k].append(i)
+    if any(not h for h in holding):
+        missing = [k for k, h in enumerate(holding) if not h]
+        raise UserError(f"partitions {missing[:8]} are in no buffer state")
+    counts = np.array([len(h) for h in holding], dtype=np.int64)
+    start = np.concatenate(([0], np.cumsum(counts)[:-1]))
+    flat = np.array([i for h in holding for i in h], dtype=np.int64)
+    parts = np.asarray(part_of_node, dtype=np.int64)
+    if how == "greedy":
+        return flat[start[parts]]
+    if how == "random":
+        return flat[start[parts] + (rng.random(len(parts)) * counts[parts]).astype(np.int64)]
+    raise UserError(f"unknown assignment {how!r}; choose greedy or random")
+
+
+def pair_coverage(states, p: int) -> np.ndarray:
+    """bool [p, p]: which pairs of partitions share at least one state (the brute-force check)."""
+    seen = np.zeros((p, p), dtype=bool)
+    for state in states:
+        s = np.asarray(state)
+        seen[np.ix_(s, s)] = True
+    return seen
