@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields, replace
 
 from .errors import UserError
-from .policies import POLICIES, GinexPlan, HierBatchingPlan, MacrobatchPlan, OutrePlan, setting
+from .policies import POLICIES, GinexPlan, HierBatchingPlan, MacrobatchPlan, MariusPlan, OutrePlan, setting
 from .units import parse_size
 
 
@@ -74,6 +74,7 @@ class TrainConfig:
     outre: OutrePlan.Options = field(default_factory=OutrePlan.Options)
     ginex: GinexPlan.Options = field(default_factory=GinexPlan.Options)
     macrobatch: MacrobatchPlan.Options = field(default_factory=MacrobatchPlan.Options)
+    marius: MariusPlan.Options = field(default_factory=MariusPlan.Options)
     memory_budget_bytes: int = field(init=False, default=0)     # memory_budget, parsed once
 
     def __post_init__(self):

@@ -16,6 +16,7 @@ its I/O exactly, and the executor's runtime (`oocgnn.runtime`) does the same ste
 | `outre` | macro batches of parts, micro-batches of B | static degree/frequency cache (setup) + historical embeddings | direct reads of the misses, coalesced |
 | `ginex` | random batches, sampled S at a time (superbatches) | neighbour cache (setup) + a Belady feature cache following each superbatch's changesets | direct reads of the misses, coalesced |
 | `macrobatch` | random batches, sampled k at a time (macrobatches) | two union buffers (+ an optional static degree cache) | one coalesced read of each macrobatch's union, in the background |
+| `marius` | buffer states of c of p partitions (COMET, BETA, sequential), each training node in one; sampling inside the buffer | the buffer's partitions and the edge buckets among them | sequential reads of entering partitions and buckets, in the background |
 
 Each policy's options are a small dataclass beside its plan (`HierBatchingPlan.Options`); the
 registry `POLICIES` feeds the run configuration, the CLI, the widgets and the benchmarks.
@@ -76,6 +77,7 @@ class Plan:
     induces = False          # sampling stays inside each step's visible set (a subgraph built per group)
     lookahead = 0            # > 0: batches are sampled this many at a time before their rows are fetched
     neighbour_cache_default = 0.0   # --neighbour-cache-ratio's default for this policy (a disk topology's lists)
+    partition_buffer = False  # steps hold buffer states of partitions and edge buckets (`oocgnn.buffer`)
 
     def __init__(self, store, cfg):
         self.store, self.cfg = store, cfg
@@ -144,6 +146,10 @@ class Plan:
     def buffers(self) -> int:
         return 2 if self.pipeline else 1
 
+    def subgraphs(self) -> int:
+        """Induced subgraphs held at once (one per buffer: the one in use and the next, built ahead)."""
+        return self.buffers()
+
     def capacity(self) -> int:
         """Resident feature rows at most: the setup rows, then one buffer per group in flight."""
         return self.setup_rows() + self.buffers() * self.group_rows()
@@ -165,7 +171,7 @@ class Plan:
         if self.induces:
             rows = self.setup_rows() + self.group_rows()
             entries = min(self.store.num_edges, self.setup_entries() + self.group_entries())
-            out["induced"] = self.buffers() * ((rows + 1) * 8 + entries * 4)
+            out["induced"] = self.subgraphs() * ((rows + 1) * 8 + entries * 4)
         if self.history is not None:
             out["history"] = self.history.nbytes(n)
         return out
@@ -572,7 +578,121 @@ class MacrobatchPlan(SampleAheadPlan):
         return self.cache_rows
 
 
-POLICIES = {p.name: p for p in (InMemoryPlan, MmapPlan, HierBatchingPlan, OutrePlan, GinexPlan, MacrobatchPlan)}
+class MariusPlan(Plan):
+    """MariusGNN (§3, §5): a buffer of c of p physical partitions holding their features and the edge
+    buckets among them (`oocgnn.buckets`), in the states of an ordering (`oocgnn.orderings`: COMET by
+    default, BETA, sequential); each training node trains in one state, sampling only over the edges
+    inside the buffer. Swaps read whole partitions and buckets sequentially, the next state's in the
+    background (`oocgnn.buffer`). The topology is on disk: the buckets are all the run reads of it
+    (evaluation reads lists as every policy's does). c defaults to the most partitions the budget holds."""
+    name, source, induces, partition_buffer = "marius", "MariusGNN §3, §5", True, True
+
+    @dataclass
+    class Options:
+        physical_parts: int = setting(16, "p: physical partitions, consecutive store parts grouped (at most the "
+                                          "store's parts)")
+        buffer_parts: int = setting(0, "c: physical partitions in the buffer (0: the most the budget holds)")
+        ordering: str = setting("comet", "buffer states: comet (MariusGNN) | beta (Marius) | sequential (control)")
+        logical_parts: int = setting(0, "l: COMET's logical partitions (0: MariusGNN's rule l = 2p/c)")
+        prefetch: bool = setting(True, "load the next state's partitions and buckets while this one trains")
+
+        def __post_init__(self):
+            from .orderings import ORDERINGS
+            if self.physical_parts < 1 or self.buffer_parts < 0 or self.logical_parts < 0:
+                raise UserError("physical_parts must be >= 1, buffer_parts and logical_parts >= 0 (0: automatic)")
+            if self.ordering not in ORDERINGS:
+                raise UserError(f"ordering must be one of {', '.join(ORDERINGS)}, got {self.ordering!r}")
+
+    def __init__(self, store, cfg):
+        super().__init__(store, cfg)
+        o = self.options
+        if cfg.topology == "memory":
+            raise UserError("marius keeps only its buffer's edge buckets in memory: use --topology disk or auto")
+        self.topology, self.pipeline = "disk", o.prefetch
+        self.p = min(o.physical_parts, store.num_parts)
+        if self.p < 2:
+            raise UserError(f"marius needs a partitioned store; {store.path} has 1 part "
+                            "(prepare it with --partitioner metis|fennel|random --parts K)")
+        from .buckets import physical_offsets
+        bounds = physical_offsets(store, self.p)
+        self.part_rows, self.part_entries = np.diff(bounds), np.diff(np.asarray(store.indptr)[bounds])
+        self.c = o.buffer_parts or self._most_that_fit()
+        if self.c > self.p:
+            raise UserError(f"--buffer-parts {self.c} exceeds the {self.p} physical partitions")
+        self.l = o.logical_parts
+        if o.ordering == "comet":
+            from .orderings import auto_logical, comet_shape
+            comet_shape(self.p, self.c, self.l or auto_logical(self.p, self.c))
+
+    def valid_c(self) -> list:
+        """Buffer sizes the ordering accepts at p (COMET: those giving whole r and c_l >= 2 at l)."""
+        from .orderings import auto_logical, comet_shape
+        o, out = self.options, []
+        for c in range(1 if o.ordering == "sequential" else 2, self.p + 1):
+            if o.ordering == "comet":
+                l = o.logical_parts or auto_logical(self.p, c)
+                try:
+                    comet_shape(self.p, c, l)
+                except UserError:
+                    continue
+            out.append(c)
+        return out
+
+    def _most_that_fit(self) -> int:
+        fits = [c for c in self.valid_c() if sum(self._memory(c, self._swap(c)).values()) <= self.budget]
+        if not fits:
+            c = min(self.valid_c(), default=2)
+            need = sum(self._memory(c, self._swap(c)).values())
+            raise UserError(f"policy marius needs {format_size(need)} for its smallest buffer (c={c} of p={self.p} "
+                            f"partitions) but --memory-budget is {format_size(self.budget)}; raise the budget or "
+                            "--physical-parts (smaller partitions)")
+        return max(fits)
+
+    def _swap(self, c) -> int:
+        """Partitions a state change brings in at most within an epoch (the prefetch's room)."""
+        from .orderings import auto_logical
+        o = self.options
+        if o.ordering == "beta":
+            return 1
+        if o.ordering == "sequential":
+            return c
+        return self.p // (o.logical_parts or auto_logical(self.p, c))
+
+    @cached_property
+    def schedule(self):
+        return make_schedule("buffer", self.store, batch_size=self.cfg.batch_size, seed=self.seed,
+                             physical_parts=self.p, buffer_parts=self.c, ordering=self.options.ordering,
+                             logical_parts=self.l)
+
+    def buffers(self) -> int:
+        """Feature slots, one partition each: c, and room for one swap when prefetching."""
+        return self.c + (self._swap(self.c) if self.pipeline else 0)
+
+    def subgraphs(self):
+        """The subgraph sampling uses and the next state's, built while it is in use (or, without
+        prefetching, before the old one goes)."""
+        return 2
+
+    def group_rows(self):
+        """A slot: the largest physical partition."""
+        return int(self.part_rows.max())
+
+    def _memory(self, c, swap):
+        n, isz = self.store.num_nodes, np.dtype(self.store.meta["index_dtype"]).itemsize
+        slots = c + (swap if self.pipeline else 0)
+        rows_c, entries_c = self._largest(self.part_rows, c), self._largest(self.part_entries, c)
+        return {"feature_rows": slots * int(self.part_rows.max()) * self.store.row_bytes, "slot_table": 4 * n,
+                "topology": (n + 1) * 8 + 8 * n, "sampler": 4 * n,
+                # the held buckets (and, while a swap is read, the entering partitions'): pairs of ids
+                "buckets": self._largest(self.part_entries, slots) * 2 * isz,
+                "induced": self.subgraphs() * ((rows_c + 1) * 8 + entries_c * 4)}
+
+    def memory(self):
+        return self._memory(self.c, self._swap(self.c))
+
+
+POLICIES = {p.name: p for p in (InMemoryPlan, MmapPlan, HierBatchingPlan, OutrePlan, GinexPlan, MacrobatchPlan,
+                                MariusPlan)}
 
 
 def make_plan(store, cfg) -> Plan:

@@ -22,6 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from .ahead import AheadStage
+from .buffer import PartitionBuffer
 from .device import HostToDevice, blocks_of
 from .errors import UserError
 from .history import HistoryCache, NoHistory
@@ -185,7 +186,8 @@ class Runtime:
         self.io_before_switch = IOStats()             # stats of readers replaced mid-run
         self.timers = {}                              # background stages (the loader thread)
         self._setup_rows = []                         # scattered rows the setup placed (they keep their slots)
-        self.loader = RangeLoader(self, plan.pipeline)
+        # entering ranges: into one of two buffers, or a partition buffer's slots (MariusGNN)
+        self.loader = (PartitionBuffer if plan.partition_buffer else RangeLoader)(self, plan.pipeline)
         self.cap = PageCacheCap(self) if plan.reader == "mmap" else OwnBudget(self)
         self.stage = None                             # the history stage: made at setup (it may profile)
         self.ahead = AheadStage(self) if plan.lookahead else None   # sample ahead, then fetch (Ginex, BatchGNN)
@@ -210,6 +212,8 @@ class Runtime:
             out["history"] = self.stage.nbytes
         if self.ahead is not None:                    # built per chunk: their bound (`ahead.sample_nbytes`)
             out["samples"] = self.plan.samples_bytes()
+        if isinstance(self.loader, PartitionBuffer):  # read per state: their bound (`loader.nbytes` now)
+            out["buckets"] = self.plan.memory()["buckets"]
         return out
 
     # -- the plan's steps --------------------------------------------------------------------
@@ -240,6 +244,8 @@ class Runtime:
         that loads ranges, or None) starts loading in the background when the plan pipelines."""
         if len(step.enter_ids) or len(step.leave_ids):
             raise UserError("plans declare scattered resident rows in setup(); steps move ranges")
+        if "buckets" in step.data:                    # a partition buffer: it loads what the state lacks
+            return self.loader.before(step, next_load)
         if not step.enter_ranges or not step.data:
             return
         if "features" in step.data:

@@ -8,6 +8,10 @@ step. Three schedules, one contract (`schedule.epoch(e)`, deterministic from (se
 - `partition`: OUTRE §4.2: macro batches of `n_per_macro` random parts, their training nodes
   shuffled and cut into micro batches of B; the parts' adjacency (not features) is the
   batch-specific dynamic neighbour cache; sampling still covers the full graph.
+- `buffer`: MariusGNN §5: a buffer of c of p physical partitions, state after state of an ordering
+  (`oocgnn.orderings`: COMET, BETA, sequential); each training node trains in the one state it is
+  assigned to; a state's partitions (features) and the edge buckets among them (`oocgnn.buckets`)
+  are resident, and sampling stays inside them.
 - `megabatch`: HierBatching Alg. 1: groups of N_d random parts (features + adjacency
   resident) plus a static cache of the ⌊r_s·N⌋ highest-degree nodes (features + adjacency,
   resident for the whole run); p passes over the group's training nodes; sampling only
@@ -52,6 +56,9 @@ class Step:
     group_visible: "Visible | None" = field(default=None, repr=False)   # the group's, if restricted
     scattered: bool = False                             # entering ranges are scattered rows (HB−): read
                                                         # as one coalesced row gather, not range reads
+    buffer: tuple = ()                                  # a partition buffer's state after the change (its
+                                                        # physical partitions; "buckets" data: the edge
+                                                        # buckets among them are resident)
 
     @property
     def visible(self) -> np.ndarray | None:
@@ -274,7 +281,94 @@ class MegabatchSchedule(_GroupSchedule):
         return Step(seeds=_EMPTY, enter_ids=self.static_ids, data=self.data)
 
 
-SCHEDULES = {"random": RandomSchedule, "partition": PartitionSchedule, "megabatch": MegabatchSchedule}
+class BufferSchedule(Schedule):
+    """MariusGNN §5: `c` of `p` physical partitions (consecutive store parts grouped,
+    `buckets.physical_offsets`) in a buffer, in the states of an ordering (`oocgnn.orderings`), each
+    training node in the state it is assigned to (its X_i), shuffled and cut into batches there.
+
+    A state's first step enters the partitions the previous loaded state lacked, one range each
+    (`buffer` names them all: the runtime loads what it lacks, so a resumed run gets the whole state),
+    and leaves those it drops; "buckets": the edge buckets among the state's partitions come with
+    them (`buckets.EdgeBuckets`, written on first use). Sampling stays inside the state's partitions.
+    States without training nodes are not loaded. Epoch e's orderings and assignments come from
+    (seed, e): COMET regroups its logical partitions every epoch."""
+    name = "buffer"
+    data = ("features", "buckets")
+    restricted = True
+
+    def __init__(self, store, batch_size=1024, physical_parts=16, buffer_parts=4, ordering="comet",
+                 logical_parts=0, seed=0):
+        super().__init__(store, batch_size, seed)
+        from .buckets import physical_offsets
+        from .orderings import ORDERINGS, auto_logical, comet_shape
+        if ordering not in ORDERINGS:
+            raise UserError(f"unknown ordering {ordering!r}; choose from {', '.join(ORDERINGS)}")
+        self.p, self.c, self.ordering = int(physical_parts), int(buffer_parts), ordering
+        self.bounds = physical_offsets(store, self.p)
+        low = 1 if ordering == "sequential" else 2
+        if not low <= self.c <= self.p:
+            raise UserError(f"a {ordering} buffer holds {low}..p partitions; got c={self.c} of p={self.p}")
+        self.l = int(logical_parts) or (auto_logical(self.p, self.c) if ordering == "comet" else 0)
+        if ordering == "comet":
+            comet_shape(self.p, self.c, self.l)
+        self.part_of_train = np.searchsorted(self.bounds, self.train_idx, side="right") - 1
+
+    def params(self):
+        return {**super().params(), "physical_parts": self.p, "buffer_parts": self.c, "ordering": self.ordering,
+                "logical_parts": self.l}
+
+    @property
+    def buckets(self):
+        """The store's edge buckets at p partitions (written on first use)."""
+        if "_buckets" not in self.__dict__:
+            from .buckets import EdgeBuckets
+            self._buckets = EdgeBuckets.of(self.store, self.p)
+        return self._buckets
+
+    def swap(self) -> int:
+        """Partitions one state change within an epoch brings in at most (what a prefetch needs room for)."""
+        return {"beta": 1, "comet": self.p // max(self.l, 1), "sequential": self.c}[self.ordering]
+
+    def states(self, epoch):
+        """(states, state of each training node) of the epoch (`orderings`)."""
+        from .orderings import assign, epoch_states
+        rng = self.rng(epoch, 0)
+        states = epoch_states(self.ordering, self.p, self.c, self.l, rng)
+        how = "greedy" if self.ordering != "comet" else "random"
+        return states, assign(states, self.part_of_train, self.p, how, rng)
+
+    def groups(self, epoch):
+        """[(state, train ids)] of the epoch's states that hold training nodes, in order."""
+        states, of = self.states(epoch)
+        order = np.argsort(of, kind="stable")
+        cut = np.searchsorted(of[order], np.arange(len(states) + 1))
+        return [(tuple(sorted(states[i])), self.train_idx[order[cut[i]:cut[i + 1]]])
+                for i in range(len(states)) if cut[i + 1] > cut[i]]
+
+    def ranges_of(self, parts):
+        return [(int(self.bounds[k]), int(self.bounds[k + 1])) for k in sorted(parts)
+                if self.bounds[k + 1] > self.bounds[k]]
+
+    def visible(self, ranges):
+        return _ids_of_ranges(ranges)
+
+    def epoch(self, epoch):
+        rng = self.rng(epoch, 1)
+        prev = self.groups(epoch - 1) if epoch > 0 else []
+        held = set(prev[-1][0]) if prev else set()
+        for g, (state, train) in enumerate(self.groups(epoch)):
+            visible = Visible(self.visible, self.ranges_of(state))
+            for j, seeds in enumerate(_cut(rng.permutation(train), self.batch_size)):
+                step = Step(seeds=seeds, group=g, data=self.data, group_visible=visible, buffer=state)
+                if j == 0:
+                    step.leave_ranges = self.ranges_of(held - set(state))
+                    step.enter_ranges = self.ranges_of(set(state) - held)
+                    held = set(state)
+                yield step
+
+
+SCHEDULES = {"random": RandomSchedule, "partition": PartitionSchedule, "megabatch": MegabatchSchedule,
+             "buffer": BufferSchedule}
 
 
 def make_schedule(name, store, **params) -> Schedule:

@@ -121,8 +121,9 @@ class Residency:
     """What is in RAM: boolean masks over store ids per (data, setup|ranges|ids); `apply` counts the
     loads. Setup residents (`apply(step, setup=True)`) stay all run: steps never move them."""
 
-    def __init__(self, store, feature_cache=None, neighbour_cache=None):
+    def __init__(self, store, feature_cache=None, neighbour_cache=None, buckets=None):
         n = store.num_nodes
+        self.buckets, self.parts = buckets, set()     # a partition buffer's bucket file and held partitions
         self.layout, self.deg = Layout(store), store.degrees()
         self.masks = {(d, k): np.zeros(n, dtype=bool) for d in DATA for k in ("setup", "ranges", "ids")}
         self.extra = {"features": _as_mask(feature_cache, n), "adjacency": _as_mask(neighbour_cache, n)}
@@ -145,8 +146,9 @@ class Residency:
         lay = self.layout
         ids = np.unique(np.asarray(step.enter_ids, dtype=np.int64))
         for d in step.data:
-            if d not in DATA:
-                raise UserError(f"unknown resident data {d!r}; expected one of {DATA}")
+            if d not in DATA + ("buckets",):
+                raise UserError(f"unknown resident data {d!r}; expected one of {DATA + ('buckets',)}")
+            d = "adjacency" if d == "buckets" else d     # the buffer's subgraph: what sampling needs of it
             for lo, hi in step.enter_ranges:
                 self.masks[d, "setup" if setup else "ranges"][lo:hi] = True
             self.masks[d, "setup" if setup else "ids"][ids] = True
@@ -160,6 +162,10 @@ class Residency:
                 reads = [lay.range_feature_reads(lo, hi) for lo, hi in step.enter_ranges]
                 load["load_feature_pages"] = sum(p for p, _ in reads) + lay.feature_pages(ids)[0]
                 load["load_feature_requests"] = sum(r for _, r in reads) + lay.feature_requests(ids)
+        if "buckets" in step.data:      # the edge buckets the buffer lacks (MariusGNN §3)
+            edges, pages, requests = self.buckets.reads(self.buckets.pairs(step.buffer, self.parts))
+            self.parts = set(step.buffer)
+            load.update(load_edges=edges, load_adjacency_pages=pages, load_adjacency_requests=requests)
         if "adjacency" in step.data:
             listed = ids[self.deg[ids] > 0]
             reads = [lay.range_list_reads(lo, hi) for lo, hi in step.enter_ranges] + \
@@ -264,7 +270,8 @@ def simulate(store, plan, fanouts=None, epochs=1, seed=0, feature_cache=None, ne
     plan = as_plan(store, plan, fanouts, seed, **schedule_params)
     if history is not None and plan.history is not None:
         raise UserError("this plan has its own histories; an ideal `history` would be counted twice")
-    res = Residency(store, feature_cache, neighbour_cache)
+    res = Residency(store, feature_cache, neighbour_cache,
+                    plan.schedule.buckets if "buckets" in plan.schedule.data else None)
     setup = dict.fromkeys(LOADS, 0)
     for step in plan.setup():
         setup = {k: v + res.apply(step, setup=True)[k] for k, v in setup.items()}

@@ -35,6 +35,10 @@ RUNS = {
     "macrobatch": {"macrobatch": 4, "memory_budget": "8MB"},
     "macrobatch-disk": {"policy": "macrobatch", "macrobatch": 3, "memory_budget": "8MB", "static_cache": True,
                         "topology": "disk"},
+    "marius": {"memory_budget": "2MB"},
+    "marius-beta": {"policy": "marius", "ordering": "beta", "physical_parts": 8, "buffer_parts": 3,
+                    "topology": "disk"},
+    "marius-sequential-sync": {"policy": "marius", "ordering": "sequential", "buffer_parts": 5, "prefetch": False},
 }
 
 
@@ -98,16 +102,18 @@ def test_memory_comes_from_the_plan(fennel16, tmp_path, name):
     plan = make_plan(fennel16, cfg)
     declared = plan.memory()
     runtime = Runtime(fennel16, plan)
-    induced = declared.pop("induced", None)
+    induced, buckets = declared.pop("induced", None), declared.get("buckets")
     assert runtime.io().calls == runtime.topology_io().calls == 0, "building the runtime reads nothing"
     runtime.setup()
     assert runtime.memory() == declared
     for i, (_, _, step) in enumerate(plan.steps(1)):
         if step.enter_ranges:
             runtime.before(step, None)
+        if buckets is not None:                       # held per state: inside the plan's bound
+            assert runtime.loader.nbytes <= buckets
         if induced is not None and step.visible is not None:
             indptr, indices = runtime.sampler._subgraph
-            assert plan.buffers() * (indptr.nbytes + indices.nbytes) <= induced
+            assert plan.subgraphs() * (indptr.nbytes + indices.nbytes) <= induced
     runtime.close()
 
 

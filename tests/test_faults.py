@@ -143,7 +143,8 @@ def test_report_refuses_a_corrupt_or_incomplete_run(tiny_store, tmp_path, damage
 # ---- checkpoints: a killed run resumes to the same losses -------------------------------------
 RESUMED = {"inmemory": {}, "hierbatching": {"parts_per_megabatch": 4, "static_ratio": 0.02, "passes": 1.5},
            "outre": {"parts_per_macro": 4, "memory_budget": "1MB", "history_ratio": 0.2, "staleness": 5,
-                     "topology": "disk"}}
+                     "topology": "disk"},
+           "marius": {"memory_budget": "2MB", "batch_size": 16}}
 
 
 @pytest.mark.parametrize("policy", list(RESUMED))

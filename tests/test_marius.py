@@ -1,0 +1,208 @@
+"""MariusGNN's partition buffer against its oracles: orderings against brute-force counts and the
+closed forms of the digest, edge buckets against the store's lists, the buffer's subgraph and samples
+against sampling the whole lists inside the same nodes, and clear errors for what does not fit."""
+import itertools
+import json
+import os
+
+import numpy as np
+import pytest
+
+from oocgnn.buckets import EdgeBuckets, buffer_csc, physical_offsets
+from oocgnn.config import TrainConfig
+from oocgnn.errors import UserError
+from oocgnn.orderings import (assign, auto_logical, beta_loads, beta_states, comet_shape, comet_states,
+                              pair_coverage, sequential_states)
+from oocgnn.policies import make_plan
+from oocgnn.runtime import Runtime
+from oocgnn.sampler import Sampler, induced_csc
+from oocgnn.schedules import make_schedule
+
+
+def _loads(states):
+    """Partitions read walking `states` from an empty buffer (brute force)."""
+    return len(states[0]) + sum(len(set(b) - set(a)) for a, b in zip(states, states[1:]))
+
+
+@pytest.mark.parametrize("n,cap", [(2, 2), (5, 2), (7, 3), (9, 2), (16, 4), (32, 8), (13, 5), (8, 8)])
+def test_beta_covers_every_pair_one_swap_at_a_time(n, cap):
+    for seed in range(3):
+        states = beta_states(n, cap, np.random.default_rng(seed))
+        assert all(len(set(s)) == cap for s in states)
+        assert pair_coverage(states, n).all(), "every pair of partitions co-resident at least once"
+        assert all(len(set(b) - set(a)) == 1 for a, b in zip(states, states[1:]))
+        assert _loads(states) == beta_loads(n, cap)
+
+
+def test_beta_matches_the_digests_table():
+    """Digest §3's simulation table: p=16, c=4 gives 43 states and 46 partition loads; p=64, c=16 166."""
+    assert beta_loads(16, 4) == 46 and len(beta_states(16, 4, np.random.default_rng(0))) == 43
+    assert beta_loads(64, 16) == 166 and beta_loads(32, 8) == 86
+
+
+@pytest.mark.parametrize("p,c,l", [(16, 4, 8), (32, 8, 8), (32, 8, 16), (12, 6, 4), (16, 8, 4)])
+def test_comet_swaps_random_logical_groups_and_covers_every_pair(p, c, l):
+    r, c_l = comet_shape(p, c, l)
+    groupings = set()
+    for seed in range(4):
+        states = comet_states(p, c, l, np.random.default_rng(seed))
+        assert all(len(set(s)) == c for s in states) and pair_coverage(states, p).all()
+        # the logical partitions: groups of r that always move together
+        together = np.ones((p, p), bool)
+        for s in states:
+            inside = np.zeros(p, bool)
+            inside[s] = True
+            together &= inside[:, None] == inside[None, :]
+        groups = {tuple(np.flatnonzero(row)) for row in together}
+        assert len(groups) == l and all(len(g) == r for g in groups)
+        assert all(len(set(b) - set(a)) == r for a, b in zip(states, states[1:])), "one logical partition a swap"
+        assert _loads(states) == r * beta_loads(l, c_l)
+        groupings.add(frozenset(groups))
+    assert len(groupings) == 4, "a new random grouping every epoch"
+
+
+def test_comet_refuses_shapes_it_cannot_make_and_says_which_would_do():
+    with pytest.raises(UserError, match=r"choose l from \[8, 16\]"):
+        comet_shape(16, 4, 6)
+    assert auto_logical(16, 4) == 8 and comet_shape(16, 4, 8) == (2, 2)
+
+
+def test_sequential_holds_each_partition_once():
+    states = sequential_states(10, 4)
+    assert states == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+
+
+def test_assignment_picks_a_state_holding_the_partition():
+    rng = np.random.default_rng(0)
+    states = beta_states(8, 3, rng)
+    parts = rng.integers(0, 8, 5000)
+    greedy = assign(states, parts, 8, "greedy", rng)
+    random = assign(states, parts, 8, "random", rng)
+    for k in range(8):
+        holding = [i for i, s in enumerate(states) if k in s]
+        assert (greedy[parts == k] == holding[0]).all()
+        drawn = random[parts == k]
+        assert set(drawn) <= set(holding)
+        if len(holding) > 1 and len(drawn) > 200:
+            counts = np.bincount(drawn, minlength=len(states))[holding]
+            assert counts.min() > 0.5 * len(drawn) / len(holding), "uniform among the states holding it"
+
+
+# ---- edge buckets ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("p", [16, 5])
+def test_buckets_hold_every_edge_once_and_rebuild_the_induced_subgraph(fennel16, p):
+    buckets = EdgeBuckets.of(fennel16, p)
+    reader = buckets.reader()
+    held = buckets.read([(i, j) for i in range(p) for j in range(p)], reader)
+    reader.close()
+    bounds = physical_offsets(fennel16, p)
+    edges = np.concatenate([held[i, j] for i in range(p) for j in range(p)]).astype(np.int64)
+    assert len(edges) == fennel16.num_edges
+    for (i, j), e in held.items():
+        assert ((bounds[i] <= e[:, 0]) & (e[:, 0] < bounds[i + 1])).all()
+        assert ((bounds[j] <= e[:, 1]) & (e[:, 1] < bounds[j + 1])).all()
+    src = np.repeat(np.arange(fennel16.num_nodes), fennel16.degrees())
+    assert sorted(map(tuple, edges)) == sorted(zip(src, np.asarray(fennel16.indices, np.int64)))
+    lists = fennel16.neighbour_lists()
+    rng = np.random.default_rng(1)
+    for size in (1, 2, 3, p):
+        state = sorted(rng.choice(p, size, replace=False).tolist())
+        visible, (indptr, indices) = buffer_csc(buckets, state, {k: v for k, v in held.items()
+                                                                 if k[0] in state and k[1] in state})
+        oracle = induced_csc(lists, visible)
+        assert np.array_equal(indptr, oracle[0]) and np.array_equal(indices, oracle[1]), state
+
+
+def test_buckets_are_written_once_and_rewritten_for_another_store(fennel16, tmp_path):
+    first = EdgeBuckets.of(fennel16, 4)
+    stamp = os.stat(first.path).st_mtime_ns
+    assert os.stat(EdgeBuckets.of(fennel16, 4).path).st_mtime_ns == stamp, "reused"
+    meta = first.path.parent / "meta.json"
+    saved = meta.read_text()
+    meta.write_text(json.dumps({**json.loads(saved), "store_checksum": 1}))
+    again = EdgeBuckets.of(fennel16, 4)                     # written for another store: rebuilt
+    assert json.loads(meta.read_text()) == json.loads(saved) and np.array_equal(again.offsets, first.offsets)
+
+
+def test_bucket_reads_coalesce_adjacent_buckets(fennel16):
+    b = EdgeBuckets.of(fennel16, 16)
+    pairs = b.pairs([0, 1, 2], held=[0, 1])
+    assert pairs == [(0, 2), (1, 2), (2, 0), (2, 1), (2, 2)]
+    ranges = b.ranges(pairs)
+    row2 = (int(b.offsets[2 * 16]), int(b.offsets[2 * 16 + 3]))
+    assert row2 in ranges, "(2, 0), (2, 1), (2, 2) are one read"
+
+
+# ---- the schedule and the executed buffer -----------------------------------------------------------
+def _cfg(store, tmp_path, **kw):
+    kw = {"policy": "marius", "epochs": 2, "batch_size": 64, "max_eval_nodes": 100, "progress": False,
+          "out": str(tmp_path / "run"), "memory_budget": "2MB", **kw}
+    return TrainConfig.create(store=str(store.path), **kw)
+
+
+@pytest.mark.parametrize("ordering", ["comet", "beta", "sequential"])
+def test_every_training_node_once_an_epoch_inside_its_buffer(fennel16, ordering):
+    sch = make_schedule("buffer", fennel16, batch_size=64, physical_parts=8, buffer_parts=4, ordering=ordering)
+    bounds = physical_offsets(fennel16, 8)
+    for e in range(2):
+        seen = []
+        for step in sch.epoch(e):
+            inside = np.zeros(fennel16.num_nodes, bool)
+            for k in step.buffer:
+                inside[bounds[k]:bounds[k + 1]] = True
+            assert inside[step.seeds].all() and np.array_equal(step.visible, np.flatnonzero(inside))
+            seen.append(step.seeds)
+        assert np.array_equal(np.sort(np.concatenate(seen)), fennel16.train_idx)
+
+
+@pytest.mark.parametrize("ordering", ["comet", "beta"])
+def test_the_buffer_samples_as_the_whole_lists_inside_it(fennel16, tmp_path, ordering):
+    """The runtime's buffer (partitions and buckets read, subgraph built from buckets) gives every batch
+    the blocks a sampler over all lists draws inside the same visible nodes."""
+    cfg = _cfg(fennel16, tmp_path, ordering=ordering)
+    plan = make_plan(fennel16, cfg)
+    runtime = Runtime(fennel16, plan)
+    runtime.setup()
+    oracle = Sampler(fennel16.neighbour_lists(), plan.fanouts, plan.seed)
+    memory = fennel16.reader("memory")
+    steps = list(plan.steps(2))
+    nxt = [next((s for _, _, s in steps[i + 1:] if s.enter_ranges), None) for i in range(len(steps))]
+    for i, (e, b, step) in enumerate(steps):
+        runtime.before(step, nxt[i])
+        got = runtime.sampler.sample(step.seeds, e, b, step.visible)
+        want = oracle.sample(step.seeds, e, b, step.visible)
+        for x, y in zip(got.blocks, want.blocks):
+            assert np.array_equal(x.src_nodes, y.src_nodes) and np.array_equal(x.indices, y.indices)
+        x = runtime.gather(got.input_nodes)
+        assert np.array_equal(x.numpy(), memory.read_rows(got.input_nodes)), "rows from the buffer"
+        assert runtime.cached.reader.stats.calls == 0, "every input row is in the buffer"
+    runtime.close()
+
+
+def test_budget_picks_the_largest_buffer_and_errors_say_what_fits(fennel16, tmp_path):
+    small, large = (make_plan(fennel16, _cfg(fennel16, tmp_path, memory_budget=b)) for b in ("1600KB", "4MB"))
+    assert small.c < large.c and all(sum(p.memory().values()) <= p.budget for p in (small, large))
+    assert small.c in small.valid_c() and small.c % 2 == 0
+    with pytest.raises(UserError, match="smallest buffer .* raise the budget"):
+        make_plan(fennel16, _cfg(fennel16, tmp_path, memory_budget="300KB"))
+    with pytest.raises(UserError, match="--memory-budget"):
+        make_plan(fennel16, _cfg(fennel16, tmp_path, buffer_parts=16, memory_budget="1MB"))
+    with pytest.raises(UserError, match="exceeds the 8 physical"):
+        make_plan(fennel16, _cfg(fennel16, tmp_path, buffer_parts=10, physical_parts=8))
+    with pytest.raises(UserError, match="choose l from"):
+        make_plan(fennel16, _cfg(fennel16, tmp_path, buffer_parts=4, logical_parts=3))
+    with pytest.raises(UserError, match="topology disk"):
+        make_plan(fennel16, _cfg(fennel16, tmp_path, topology="memory"))
+
+
+def test_orderings_trade_loads_for_balance(fennel16):
+    """Per epoch, BETA reads fewer partitions than COMET, and its greedy assignment piles examples into
+    the first states (MariusGNN §5.1: unbalanced X_i) while COMET's are even."""
+    def per_state(ordering):
+        sch = make_schedule("buffer", fennel16, batch_size=10 ** 6, physical_parts=16, buffer_parts=4,
+                            ordering=ordering)
+        groups = sch.groups(0)
+        sizes = np.array([len(t) for _, t in groups])
+        return _loads([list(s) for s, _ in groups]), sizes.std() / sizes.mean()
+    (beta_loads_, beta_cv), (comet_loads, comet_cv) = per_state("beta"), per_state("comet")
+    assert beta_loads_ < comet_loads and comet_cv < beta_cv
