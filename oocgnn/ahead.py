@@ -35,13 +35,17 @@ from .io import IOStats
 from .trace import Trace
 
 
-def sample_bound(batch_size, fanouts, num_nodes, num_edges) -> tuple[int, int]:
+def sample_bound(batch_size, fanouts, num_nodes, num_edges, dense=False) -> tuple[int, int]:
     """(input rows, bytes) a sampled batch of `batch_size` seeds can hold at most: layer by layer from
     the seeds, ≤ fanout distinct picks per destination (all its edges for -1), every count capped by
-    the graph's nodes and edges; bytes of our `Block`s (int64 indptr, indices and src_nodes)."""
-    dst, nbytes = min(int(batch_size), int(num_nodes)), 0
-    for f in reversed([int(f) for f in fanouts]):
-        edges = int(num_edges) if f < 0 else min(dst * f, int(num_edges))
+    the graph's nodes and edges; bytes of our `Block`s (int64 indptr, indices and src_nodes). `dense`:
+    a destination keeps the draw of the outermost layer it met first (DENSE), so up to the largest
+    fanout from its layer to the seeds' (new rows still come only from the layer's own fanout)."""
+    dst, nbytes, fanouts = min(int(batch_size), int(num_nodes)), 0, [int(f) for f in fanouts]
+    for i in range(len(fanouts) - 1, -1, -1):
+        f = fanouts[i]
+        reach = -1 if dense and -1 in fanouts[i:] else (max(fanouts[i:]) if dense else f)
+        edges = int(num_edges) if reach < 0 else min(dst * reach, int(num_edges))
         src = min(int(num_nodes), dst + edges)
         nbytes += 8 * (dst + 1) + 8 * edges + 8 * src
         dst = src

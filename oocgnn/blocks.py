@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numba
 import numpy as np
 
-__all__ = ["Block", "sample_layer", "sample_blocks", "SAMPLER_VERSION"]
+__all__ = ["Block", "sample_layer", "dense_layer", "sample_blocks", "SAMPLER_VERSION"]
 
 # what samples a key gives: cached traces recorded by another version of the sampler are not reused
 SAMPLER_VERSION = "oocgnn-1"
@@ -273,6 +273,28 @@ def sample_layer(frontier, starts, ends, indices, fanout, seed, epoch, batch, la
     _check(fanout, scratch)
     return _sample(frontier, key_ids, starts, ends, _count(starts, ends, int(fanout)), indices,
                    fanout, seed, epoch, batch, layer, scratch)
+
+
+def dense_layer(frontier, known, inner: Block, starts, ends, indices, fanout, seed, epoch, batch, layer,
+                scratch, key_ids=None) -> Block:
+    """A DENSE layer (MariusGNN §4.1, Alg. 1): the first `known` frontier nodes are `inner`'s dst nodes,
+    whose draws it holds: they are reused as they are (their edges copied, local ids unchanged, since
+    this block's sources start with `inner`'s); only the rest, the delta, is drawn (`fanout`, layer key
+    `layer`) and relabelled after them. starts/ends delimit the delta's lists (`frontier[known:]`)."""
+    frontier = np.ascontiguousarray(frontier, dtype=np.int64)
+    delta = frontier[known:]
+    keys = delta if key_ids is None else np.ascontiguousarray(key_ids, dtype=np.int64)[known:]
+    starts, ends = (np.ascontiguousarray(a, dtype=np.int64) for a in (starts, ends))
+    _check(fanout, scratch)
+    dptr = _count(starts, ends, int(fanout))
+    picks = np.empty(dptr[-1], dtype=np.int64)
+    _pick_seq(keys, starts, ends, indices, dptr, int(fanout), int(seed), int(epoch), int(batch), int(layer), picks)
+    src_nodes, status = _relabel(frontier, picks, scratch)
+    if status:
+        raise IndexError(f"{_ERRORS[status]} (size {len(scratch)})")
+    reused = inner.indptr[-1]
+    return Block(np.concatenate([inner.indptr, reused + dptr[1:]]), np.concatenate([inner.indices, picks]),
+                 src_nodes, len(frontier))
 
 
 def sample_blocks(indptr, indices, seeds, fanouts, seed, epoch, batch, scratch) -> list[Block]:

@@ -45,6 +45,8 @@ class TrainConfig:
     max_steps: int = setting(0, "stop after this many steps (0: all epochs); epoch_s is then extrapolated")
     fanouts: str = setting("10,10", "sampled neighbours per layer, input layer first (-1: all)")
     layers: int = setting(0, "number of layers (0: as many as fanouts; else must match them)")
+    sampler: str = setting("per-hop", "per-hop (every layer draws its nodes' neighbours, DGL's) | dense (MariusGNN's "
+                                      "DENSE: a node's draw is reused by the inner layers; only new nodes are drawn)")
     batch_size: int = setting(1024, "training nodes per mini-batch")
     hidden: int = setting(128, "hidden width")
     lr: float = setting(3e-3, "Adam learning rate")
@@ -104,6 +106,8 @@ class TrainConfig:
         self.memory_budget_bytes = parse_size(self.memory_budget)
         if self.precision not in PRECISIONS:
             raise UserError(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
+        if self.sampler not in ("per-hop", "dense"):
+            raise UserError(f"sampler must be per-hop or dense, got {self.sampler!r}")
         if self.topology not in ("auto", "memory", "disk"):
             raise UserError(f"topology must be auto, memory or disk, got {self.topology!r}")
         if not (0 <= self.neighbour_cache_ratio <= 1 or self.neighbour_cache_ratio == -1):

@@ -85,6 +85,7 @@ class Plan:
         self.history: HistorySpec | None = None
         self.topology = "memory" if cfg.topology == "auto" else cfg.topology
         self.lists = None        # the lists profiling samples from; a runtime lends its own
+        self.dense = cfg.sampler == "dense"   # the run's sampler (`sampler.Sampler`): DENSE or per hop
 
     def profile_lists(self):
         """The topology source profiling samples from: the runtime's if it lent one, else the store's
@@ -198,6 +199,7 @@ class SchedulePlan(Plan):
         self.store, self.cfg = store, None
         self.fanouts, self.seed, self.budget = [int(f) for f in fanouts], int(seed), 0
         self.history, self.topology = None, "disk"     # lists resident only as the schedule says
+        self.dense = False
         self.__dict__["schedule"] = schedule
 
 
@@ -420,13 +422,15 @@ class SampleAheadPlan(Plan):
     def sample_rows(self) -> int:
         """Input rows one sampled batch holds at most (`ahead.sample_bound`)."""
         from .ahead import sample_bound
-        return sample_bound(self.cfg.batch_size, self.fanouts, self.store.num_nodes, self.store.num_edges)[0]
+        return sample_bound(self.cfg.batch_size, self.fanouts, self.store.num_nodes, self.store.num_edges,
+                            self.dense)[0]
 
     def samples_bytes(self, size=None) -> int:
         """Two chunks of `size` (default the plan's) samples and their changesets, and the sample that ends
         the second (`ahead.chunks` sees a chunk end at the next one's first batch), at their bound."""
         from .ahead import sample_bound
-        rows, nbytes = sample_bound(self.cfg.batch_size, self.fanouts, self.store.num_nodes, self.store.num_edges)
+        rows, nbytes = sample_bound(self.cfg.batch_size, self.fanouts, self.store.num_nodes, self.store.num_edges,
+                                    self.dense)
         return (2 * (self.lookahead if size is None else size) + 1) * (nbytes + self.change_bytes * rows)
 
     def memory(self) -> dict:

@@ -182,7 +182,7 @@ class Runtime:
         self.h2d = HostToDevice(device)               # the model's device: pinned buffers, side stream
         self.cached = CachedReader(store.reader("direct"), store.num_nodes, plan.capacity())
         self.topology = NeighbourLists(store, plan.list_capacity())
-        self.sampler = Sampler(self.topology, plan.fanouts, plan.seed)
+        self.sampler = Sampler(self.topology, plan.fanouts, plan.seed, dense=plan.dense)
         self.io_before_switch = IOStats()             # stats of readers replaced mid-run
         self.timers = {}                              # background stages (the loader thread)
         self._setup_rows = []                         # scattered rows the setup placed (they keep their slots)

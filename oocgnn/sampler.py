@@ -1,7 +1,9 @@
 """The sampler every consumer shares, and the one loop that pairs each step of a plan with its sample.
 
 `Sampler(topology, fanouts, seed)` draws a batch's blocks with our own uniform neighbour sampler
-(`oocgnn.blocks`: numba, parallel, no Python per node). Its random streams are counter-based and
+(`oocgnn.blocks`: numba, parallel, no Python per node), per hop (every layer draws its frontier
+anew, DGL's) or `dense` (MariusGNN's DENSE, §4.1: a node drawn for an outer layer keeps that draw in
+the inner ones; only each layer's new nodes are drawn). Its random streams are counter-based and
 keyed by (seed, epoch, batch, layer, node), so a batch's sample depends on nothing that ran before
 it and is the same at any thread count. Neighbour lists come from a topology source
 (`oocgnn.topology.NeighbourLists`): all resident, or read from disk through what a plan keeps
@@ -21,7 +23,7 @@ from typing import NamedTuple
 import numba
 import numpy as np
 
-from .blocks import sample_layer
+from .blocks import dense_layer, sample_layer
 from .errors import UserError
 
 
@@ -38,13 +40,14 @@ class Sampler:
     (`NeighbourLists`, or anything with `num_nodes`, `indptr` and `lists`). Owns its caches: the
     relabelling scratch and the subgraph induced by the last `visible` set."""
 
-    def __init__(self, topology, fanouts, seed=0):
+    def __init__(self, topology, fanouts, seed=0, dense=False):
         self.topology, self.fanouts, self.seed = topology, [int(f) for f in fanouts], int(seed)
+        self.dense = bool(dense)    # MariusGNN's DENSE: a node's draw is reused by every inner layer
         self.scratch = np.full(topology.num_nodes, -1, dtype=np.int32)
         self._visible = self._subgraph = None
 
     def __repr__(self):
-        return f"Sampler(fanouts={self.fanouts}, seed={self.seed})"
+        return f"Sampler(fanouts={self.fanouts}, seed={self.seed}{', dense' if self.dense else ''})"
 
     def prepare(self, visible, induced):
         """Use `induced` (the CSC `induced_csc` builds for `visible`, e.g. in a loader thread)."""
@@ -76,8 +79,14 @@ class Sampler:
         blocks, frontier, known, prev = [None] * len(self.fanouts), seeds, 0, None
         for layer in range(len(self.fanouts) - 1, -1, -1):
             prev = lists(frontier, known, prev)
-            blocks[layer] = sample_layer(frontier, *prev, self.fanouts[layer], self.seed, epoch, batch, layer,
-                                         self.scratch, None if keys is None else keys[frontier])
+            key_ids = None if keys is None else keys[frontier]
+            if self.dense and known:                  # only the delta is drawn; the rest is reused
+                blocks[layer] = dense_layer(frontier, known, blocks[layer + 1], prev[0][known:], prev[1][known:],
+                                            prev[2], self.fanouts[layer], self.seed, epoch, batch, layer,
+                                            self.scratch, key_ids)
+            else:
+                blocks[layer] = sample_layer(frontier, *prev, self.fanouts[layer], self.seed, epoch, batch, layer,
+                                             self.scratch, key_ids)
             known, frontier = len(frontier), blocks[layer].src_nodes
         return blocks
 

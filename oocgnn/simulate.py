@@ -281,7 +281,7 @@ def simulate(store, plan, fanouts=None, epochs=1, seed=0, feature_cache=None, ne
     rows, t0 = [], time.perf_counter()
     bar = tqdm(desc=f"simulate {plan.schedule.name}", unit="batch", disable=not progress, leave=False)
     loads = {}
-    walk = sampled_steps(plan, Sampler(store.neighbour_lists(), plan.fanouts, plan.seed), epochs,
+    walk = sampled_steps(plan, Sampler(store.neighbour_lists(), plan.fanouts, plan.seed, plan.dense), epochs,
                          before=lambda i, step: loads.__setitem__(i, res.apply(step)))
     # a plan that samples ahead fetches per chunk of batches (`oocgnn.ahead`); the others per batch
     for items, fetch in chunks(plan, walk) if plan.lookahead else (([item], None) for item in walk):

@@ -25,17 +25,19 @@ def _cfg(store, tmp_path, **kw):
 
 
 def _chunks(store, plan, epochs=1):
-    walk = sampled_steps(plan, Sampler(store.neighbour_lists(), plan.fanouts, plan.seed), epochs)
+    walk = sampled_steps(plan, Sampler(store.neighbour_lists(), plan.fanouts, plan.seed, plan.dense), epochs)
     return list(chunks(plan, walk))
 
 
-@pytest.mark.parametrize("fanouts", ["10,10", "3,5,2", "-1,4"])
-def test_samples_stay_within_the_planned_bound(fennel16, tmp_path, fanouts):
+@pytest.mark.parametrize("sampler", ["per-hop", "dense"])
+@pytest.mark.parametrize("fanouts", ["10,10", "3,5,2", "-1,4", "2,3,9"])
+def test_samples_stay_within_the_planned_bound(fennel16, tmp_path, fanouts, sampler):
     """Every sampled batch's input rows and bytes are within `sample_bound`, so a chunk's samples are
-    within what the plan counts for them."""
-    cfg = _cfg(fennel16, tmp_path, policy="ginex", fanouts=fanouts, superbatch=3, memory_budget="64MB")
+    within what the plan counts for them (DENSE's reused draws included)."""
+    cfg = _cfg(fennel16, tmp_path, policy="ginex", fanouts=fanouts, superbatch=3, memory_budget="64MB",
+               sampler=sampler)
     plan = make_plan(fennel16, cfg)
-    rows, nbytes = sample_bound(cfg.batch_size, plan.fanouts, fennel16.num_nodes, fennel16.num_edges)
+    rows, nbytes = sample_bound(cfg.batch_size, plan.fanouts, fennel16.num_nodes, fennel16.num_edges, plan.dense)
     for items, _ in _chunks(fennel16, plan):
         assert len(items) <= 3 and len({(it[1], it[2] // 3) for it in items}) == 1, "one chunk, one epoch"
         assert all(len(it[4].input_nodes) <= rows for it in items)

@@ -38,6 +38,7 @@ RUNS = {
     "marius": {"memory_budget": "2MB"},
     "marius-beta": {"policy": "marius", "ordering": "beta", "physical_parts": 8, "buffer_parts": 3,
                     "topology": "disk"},
+    "marius-dense": {"policy": "marius", "sampler": "dense", "fanouts": "5,10,15", "memory_budget": "2MB"},
     "marius-sequential-sync": {"policy": "marius", "ordering": "sequential", "buffer_parts": 5, "prefetch": False},
 }
 

@@ -206,3 +206,71 @@ def test_orderings_trade_loads_for_balance(fennel16):
         return _loads([list(s) for s, _ in groups]), sizes.std() / sizes.mean()
     (beta_loads_, beta_cv), (comet_loads, comet_cv) = per_state("beta"), per_state("comet")
     assert beta_loads_ < comet_loads and comet_cv < beta_cv
+
+
+# ---- DENSE (MariusGNN §4.1) ---------------------------------------------------------------------------
+def _shared_draw_blocks(lists, seeds, fanouts, seed, epoch, batch):
+    """The oracle: per-hop blocks (DGL's to_block order) in which a node's neighbours, wherever it is a
+    destination, are the one draw made where it first was one (that layer's fanout and key), drawn
+    node by node with the per-hop kernel."""
+    from oocgnn.blocks import sample_layer
+    scratch = np.full(lists.num_nodes, -1, np.int32)
+    draw, blocks, frontier = {}, [None] * len(fanouts), np.asarray(seeds, np.int64)
+    for layer in range(len(fanouts) - 1, -1, -1):
+        for v in frontier:
+            if v not in draw:
+                starts, ends, buf = lists.lists(np.array([v]))
+                one = sample_layer(np.array([v]), starts, ends, buf, fanouts[layer], seed, epoch, batch, layer,
+                                   scratch)
+                draw[v] = one.src_nodes[one.indices]
+        src, local, indptr, indices = list(frontier), {int(v): i for i, v in enumerate(frontier)}, [0], []
+        for v in frontier:
+            for u in draw[v]:
+                if int(u) not in local:
+                    local[int(u)] = len(src)
+                    src.append(u)
+                indices.append(local[int(u)])
+            indptr.append(len(indices))
+        blocks[layer] = (np.array(indptr), np.array(indices), np.array(src, np.int64))
+        frontier = np.array(src, np.int64)
+    return blocks
+
+
+@pytest.mark.parametrize("fanouts", [[4, 7], [5, 10, 15], [15, 10, 5], [3, -1, 2]])
+def test_dense_blocks_are_per_hop_blocks_with_shared_draws(fennel16, fanouts):
+    lists = fennel16.neighbour_lists()
+    dense = Sampler(lists, fanouts, 11, dense=True)
+    for batch, seeds in enumerate([np.arange(0, 300, 7), fennel16.train_idx[:64]]):
+        got = dense.sample(seeds, 2, batch).blocks
+        want = _shared_draw_blocks(lists, seeds, fanouts, 11, 2, batch)
+        for b, (indptr, indices, src) in zip(got, want):
+            assert np.array_equal(b.indptr, indptr) and np.array_equal(b.indices, indices)
+            assert np.array_equal(b.src_nodes, src)
+
+
+def test_dense_draws_fewer_and_equals_per_hop_at_one_layer(fennel16):
+    lists = fennel16.neighbour_lists()
+    seeds = fennel16.train_idx[:128]
+    one = [Sampler(lists, [10], 3, dense=d).sample(seeds, 0, 0).blocks[0] for d in (False, True)]
+    assert np.array_equal(one[0].indices, one[1].indices) and np.array_equal(one[0].src_nodes, one[1].src_nodes)
+    for fanouts in ([10, 10], [10, 10, 10]):
+        per_hop, dense = (Sampler(lists, fanouts, 3, dense=d).sample(seeds, 0, 0).blocks for d in (False, True))
+        assert dense[0].num_edges < sum(b.num_edges for b in per_hop), "DENSE draws only each layer's delta"
+        assert dense[-1].num_edges == per_hop[-1].num_edges
+
+
+def test_dense_runs_with_a_disk_topology_inside_a_buffer(fennel16, tmp_path):
+    """Through lists read from disk, and inside a visible set, DENSE gives the in-memory DENSE blocks."""
+    from oocgnn.topology import NeighbourLists
+    disk = NeighbourLists(fennel16, capacity=0)
+    seeds, visible = fennel16.train_idx[:50], np.arange(fennel16.num_nodes // 2)
+    seeds = seeds[seeds < visible[-1]]
+    for vis in (None, visible):
+        sampler = Sampler(disk, [5, 5, 5], 1, dense=True)
+        if vis is not None:                           # a buffer hands its subgraph over (as `oocgnn.buffer`)
+            sampler.prepare(vis, induced_csc(fennel16.neighbour_lists(), vis))
+        a = sampler.sample(seeds, 0, 3, vis).blocks
+        b = Sampler(fennel16.neighbour_lists(), [5, 5, 5], 1, dense=True).sample(seeds, 0, 3, vis).blocks
+        assert all(np.array_equal(x.indices, y.indices) and np.array_equal(x.src_nodes, y.src_nodes)
+                   for x, y in zip(a, b))
+    disk.close()
