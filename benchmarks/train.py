@@ -21,6 +21,9 @@ small subset and excluded from train time):
                    out/in-degree, Belady feature cache executed from the changesets (Ginex)
   macrobatch       k = --macrobatch batches (default 4) sampled ahead, their union fetched once in the
                    background (BatchGNN)
+  marius           MariusGNN: a buffer of c (from the budget) of p = --physical-parts partitions and the
+                   edge buckets among them, COMET states, the next state read in the background;
+                   marius-beta: BETA states (Marius) instead
 
 All configurations run on the same partition-ordered store, so every policy reads the same bytes.
 With --reps R the configurations run in R interleaved rounds and each is represented by its round
@@ -58,12 +61,15 @@ VARIANTS = {              # the baselines keep the topology in memory whatever -
     "outre": ("outre", {"history_ratio": 0.1}),
     "ginex": ("ginex", {}),
     "macrobatch": ("macrobatch", {}),
+    "marius": ("marius", {"ordering": "comet"}),
+    "marius-beta": ("marius", {"ordering": "beta"}),
 }
 PATTERN = {"mmap": "page faults, one at a time", "hierbatching": "sequential part ranges (+ static ids once)",
            "outre": "scattered cache misses, many in flight", "inmemory": "nothing",
            "ginex": "Belady cache misses + superbatch switches, many in flight",
-           "macrobatch": "one coalesced union read per macrobatch, in the background"}
-DEFAULT_POLICIES = "inmemory,mmap,hierbatching,hierbatching-p1,outre,ginex,macrobatch"
+           "macrobatch": "one coalesced union read per macrobatch, in the background",
+           "marius": "sequential partitions + edge buckets, in the background"}
+DEFAULT_POLICIES = "inmemory,mmap,hierbatching,hierbatching-p1,outre,ginex,macrobatch,marius"
 
 
 def loadavg():
@@ -265,7 +271,7 @@ def derive(res, limits):
     mbs_io = sio["bytes_read"] / MiB / sio["seconds"] if sio["seconds"] > 0 else 0.0
     mbs_train = sio["bytes_read"] / MiB / span_s if span_s > 0 else 0.0
     iops_io = sio["pages"] / sio["seconds"] if sio["seconds"] > 0 else 0.0
-    sequential = VARIANTS[res["name"]][0] == "hierbatching"
+    sequential = VARIANTS[res["name"]][0] in ("hierbatching", "marius")
     vs_limit = (mbs_io / limits["seq_mib_s"] if sequential else iops_io / limits["rand_iops"]) if sio["bytes_read"] else None
     cap = s.get("memory_cap") or {}
     return {
@@ -304,6 +310,8 @@ def main(argv=None):
     ap.add_argument("--static-ratio", type=float, default=0.01, help="hierbatching r_s (default 0.01)")
     ap.add_argument("--superbatch", type=int, default=16, help="ginex S: batches sampled ahead (default 16)")
     ap.add_argument("--macrobatch", type=int, default=4, help="macrobatch k: batches per fetch (default 4)")
+    ap.add_argument("--physical-parts", type=int, default=64, help="marius p: physical partitions, the store's "
+                                                                   "parts grouped (default 64; c from the budget)")
     ap.add_argument("--batch-size", type=int, default=1024, help="mini-batch size (default 1024)")
     ap.add_argument("--topology", default="auto",
                     help="where the out-of-core configurations keep the neighbour lists: memory | disk | auto "
@@ -369,7 +377,7 @@ def main(argv=None):
             "device": args.device, "precision": args.precision,
             "batch_size": args.batch_size, "memory_budget": args.budget, "eval_every": 10**9,
             "max_eval_nodes": args.eval_nodes, "seed": 0, "static_ratio": args.static_ratio, "progress": False,
-            "superbatch": args.superbatch, "macrobatch": args.macrobatch,
+            "superbatch": args.superbatch, "macrobatch": args.macrobatch, "physical_parts": args.physical_parts,
             "topology": args.topology, "force": True}   # the benchmark owns out_dir (rounds reuse it)
     n_d = base["parts_per_megabatch"] = args.parts_per_megabatch or choose_megabatch(store, base)
     print(f"training ({', '.join(names)}; {args.model} {args.fanouts}, batch {args.batch_size}, budget {args.budget}, "
@@ -481,6 +489,9 @@ def main(argv=None):
     ratio("mmap", "macrobatch", "mmap / macrobatch", "expected > 1", lambda x: x > 1)
     ratio("ginex", "inmemory", "ginex / inmemory")
     ratio("macrobatch", "inmemory", "macrobatch / inmemory")
+    ratio("mmap", "marius", "mmap / marius (COMET)", "expected > 1", lambda x: x > 1)
+    ratio("marius-beta", "marius", "marius BETA / COMET", "MariusGNN Table 8: 1.04-1.28x", lambda x: x >= 1)
+    ratio("marius", "inmemory", "marius / inmemory")
     for hb in ("hierbatching", "hierbatching-p1"):
         ratio(hb, "inmemory", f"{hb} / inmemory", "expected <= 1.5", lambda x: x <= 1.5)
     ratio("outre", "inmemory", "outre / inmemory")

@@ -129,3 +129,31 @@ def pair_coverage(states, p: int) -> np.ndarray:
         s = np.asarray(state)
         seen[np.ix_(s, s)] = True
     return seen
+
+
+def first_shared(states, p: int) -> np.ndarray:
+    """int [p, p]: the first state in which each pair of partitions is co-resident (-1: never), the
+    picture of an ordering's coverage."""
+    first = np.full((p, p), -1, dtype=np.int64)
+    for i, state in enumerate(states):
+        s = np.asarray(state)
+        block = first[np.ix_(s, s)]
+        first[np.ix_(s, s)] = np.where(block < 0, i, block)
+    return first
+
+
+def describe(states, sizes=None) -> dict:
+    """An epoch of `states`: their number, partition loads and edge-bucket loads walking them from an
+    empty buffer (a bucket per ordered pair, diagonal included), and with `sizes` (examples per state)
+    the coefficient of variation of |X_i| and its max/mean (MariusGNN §5.1's balance)."""
+    held, parts, buckets = set(), 0, 0
+    for state in states:
+        new = set(state) - held
+        parts += len(new)
+        buckets += len(state) ** 2 - (len(state) - len(new)) ** 2
+        held = set(state)
+    out = {"states": len(states), "partition_loads": parts, "bucket_loads": buckets}
+    if sizes is not None:
+        sizes = np.asarray(sizes, dtype=float)
+        out.update(cv_examples=float(sizes.std() / sizes.mean()), max_over_mean=float(sizes.max() / sizes.mean()))
+    return out

@@ -39,10 +39,12 @@ SMOKE = {   # toy settings of each benchmark; tmp is a fresh directory
                        "--reps", 3],
     "models": lambda tmp: ["--preset", "tiny", "--batches", 2, "--batch-size", 128, "--data", tmp],
     "sampler": lambda tmp: ["--preset", "tiny", "--batches", 3, "--batch-size", 256, "--data", tmp],
+    "dense": lambda tmp: ["--preset", "tiny", "--batches", 3, "--batch-size", 128, "--data", tmp],
     "partition": lambda tmp: ["--preset", "tiny", "--parts", 16, "--fennel-passes", 1, "--no-small",
                               "--data", tmp],
     "train": lambda tmp: ["--preset", "tiny", "--parts", 16, "--budget", "8MB", "--steps", 4,
-                          "--policies", "inmemory,mmap,hierbatching,outre,ginex,macrobatch", "--superbatch", 2,
+                          "--policies", "inmemory,mmap,hierbatching,outre,ginex,macrobatch,marius,marius-beta",
+                          "--physical-parts", 8, "--superbatch", 2,
                           "--macrobatch", 2, "--eval-nodes", 100, "--reps", 2, "--data", tmp],
 }
 

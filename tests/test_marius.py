@@ -274,3 +274,21 @@ def test_dense_runs_with_a_disk_topology_inside_a_buffer(fennel16, tmp_path):
         assert all(np.array_equal(x.indices, y.indices) and np.array_equal(x.src_nodes, y.src_nodes)
                    for x, y in zip(a, b))
     disk.close()
+
+
+def test_describe_counts_loads_as_the_closed_forms():
+    """Digest §3: COMET's bucket loads are c² + (|S| − 1)(c² − (c − r)²), BETA's with r = 1."""
+    from oocgnn.orderings import describe, first_shared
+    for p, c, l in [(16, 4, 8), (32, 8, 16)]:
+        r, c_l = comet_shape(p, c, l)
+        states = comet_states(p, c, l, np.random.default_rng(0))
+        d = describe(states)
+        assert d["partition_loads"] == r * beta_loads(l, c_l)
+        assert d["bucket_loads"] == c * c + (d["states"] - 1) * (c * c - (c - r) ** 2)
+        first = first_shared(states, p)
+        assert (first >= 0).all() and (first == first.T).all()
+        brute = {(i, j): min(k for k, s in enumerate(states) if i in s and j in s) for i in range(p) for j in range(p)}
+        assert all(first[i, j] == k for (i, j), k in brute.items())
+    beta = beta_states(16, 4, np.random.default_rng(1))
+    d = describe(beta, sizes=[5, 5, 5])
+    assert d["bucket_loads"] == 16 + (len(beta) - 1) * 7 and d["cv_examples"] == 0.0

@@ -7,7 +7,8 @@ from oocgnn.schedules import SCHEDULES, Step, make_schedule
 
 PARAMS = {"random": {"batch_size": 64},
           "partition": {"batch_size": 64, "n_per_macro": 3},
-          "megabatch": {"batch_size": 64, "parts_per_megabatch": 4, "static_ratio": 0.02}}
+          "megabatch": {"batch_size": 64, "parts_per_megabatch": 4, "static_ratio": 0.02},
+          "buffer": {"batch_size": 64, "physical_parts": 8, "buffer_parts": 4}}
 
 
 def _steps(store, name, epoch=0, **kw):
@@ -19,7 +20,7 @@ def _part_of(store, ids):
 
 
 def test_registry():
-    assert set(SCHEDULES) == {"random", "partition", "megabatch"}
+    assert set(SCHEDULES) == {"random", "partition", "megabatch", "buffer"}
 
 
 @pytest.mark.parametrize("name", sorted(SCHEDULES))
