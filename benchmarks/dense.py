@@ -10,7 +10,7 @@ and the per-hop/dense ratios (the paper: 3.7-26x faster sampling at 3-5 layers o
 its GPU-side co-design; on 2 CPU cores expect the draw ratio to bound the time ratio), with the load.
 
     .venv/bin/python benchmarks/dense.py [--preset large] [--batches 30] [--batch-size 1024]
-        [--fanout 10] [--nc-fanouts 10,20,30] [--threads 2] [--data data/]
+        [--fanout 10] [--nc-fanouts 10,20,30] [--threads 2] [--data data/] [--store PATH]
 """
 import argparse
 import importlib.util
@@ -59,19 +59,24 @@ def main(argv=None):
                                                              "first (default 10,20,30: MariusGNN's 30,20,10)")
     ap.add_argument("--threads", type=int, default=2, help="numba threads (default 2)")
     ap.add_argument("--data", default=str(REPO / "data"), help="data directory (default data/)")
+    ap.add_argument("--store", default="", help="an existing store to sample instead of data/<preset> (default: none)")
     args = ap.parse_args(argv)
     import numba
     import numpy as np
     from oocgnn.topology import NeighbourLists
     bench = _bench_sampler()
     numba.set_num_threads(min(args.threads, numba.config.NUMBA_NUM_THREADS))
-    store = bench.ensure_store(args.preset, Path(args.data))
+    if args.store:
+        from oocgnn.store import open_store
+        store = open_store(args.store, verify=False)
+    else:
+        store = bench.ensure_store(args.preset, Path(args.data))
     lists = NeighbourLists.resident(store)
     rng = np.random.default_rng(0)
     batches = [rng.choice(store.train_idx, min(args.batch_size, len(store.train_idx)), replace=False)
                for _ in range(args.batches)]
     configs = [[args.fanout] * k for k in (1, 2, 3)] + [[int(f) for f in args.nc_fanouts.split(",")]]
-    print(f"{args.preset}: N={store.num_nodes:,} E={store.num_edges:,}, {args.batches} batches of "
+    print(f"{store.path.name}: N={store.num_nodes:,} E={store.num_edges:,}, {args.batches} batches of "
           f"{args.batch_size}, {args.threads} threads, load {bench.loadavg()}")
     print(f"{'fanouts':>10} {'draws per-hop':>14} {'dense':>10} {'ratio':>6} {'rows per-hop':>13} {'dense':>10} "
           f"{'ms per-hop':>11} {'dense':>8} {'ratio':>6}")

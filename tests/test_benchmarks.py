@@ -42,7 +42,7 @@ SMOKE = {   # toy settings of each benchmark; tmp is a fresh directory
     "dense": lambda tmp: ["--preset", "tiny", "--batches", 3, "--batch-size", 128, "--data", tmp],
     "partition": lambda tmp: ["--preset", "tiny", "--parts", 16, "--fennel-passes", 1, "--no-small",
                               "--data", tmp],
-    "train": lambda tmp: ["--preset", "tiny", "--parts", 16, "--budget", "8MB", "--steps", 4,
+    "train": lambda tmp: ["--preset", "tiny", "--parts", 16, "--budget", "10MB", "--steps", 4,
                           "--policies", "inmemory,mmap,hierbatching,outre,ginex,macrobatch,marius,marius-beta",
                           "--physical-parts", 8, "--superbatch", 2,
                           "--macrobatch", 2, "--eval-nodes", 100, "--reps", 2, "--data", tmp],
