@@ -13,7 +13,6 @@ its GPU-side co-design; on 2 CPU cores expect the draw ratio to bound the time r
         [--fanout 10] [--nc-fanouts 10,20,30] [--threads 2] [--data data/] [--store PATH]
 """
 import argparse
-import importlib.util
 import statistics
 import sys
 import time
@@ -21,13 +20,6 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-
-
-def _bench_sampler():
-    spec = importlib.util.spec_from_file_location("oocgnn_bench_sampler", REPO / "benchmarks" / "sampler.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def measure(lists, fanouts, batches, seed=7):
@@ -64,7 +56,7 @@ def main(argv=None):
     import numba
     import numpy as np
     from oocgnn.topology import NeighbourLists
-    bench = _bench_sampler()
+    from benchmarks import sampler as bench      # its store preparation and load report
     numba.set_num_threads(min(args.threads, numba.config.NUMBA_NUM_THREADS))
     if args.store:
         from oocgnn.store import open_store

@@ -16,7 +16,6 @@ Also the whole model's step (forward, backward) both ways.
         [--fanouts 10,10] [--hidden 128] [--models sage,gat,gin] [--threads 0] [--data data/]
 """
 import argparse
-import importlib.util
 import os
 import sys
 from pathlib import Path
@@ -25,15 +24,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 
-def _sampler_bench():
-    """benchmarks/sampler.py as a module: its store preparation and load report are shared."""
-    spec = importlib.util.spec_from_file_location("oocgnn_bench_sampler", REPO / "benchmarks" / "sampler.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-_shared = _sampler_bench()
+from benchmarks import sampler as _shared    # noqa: E402  its store preparation and load report are shared
 loadavg, ensure_store = _shared.loadavg, _shared.ensure_store
 
 
