@@ -287,8 +287,7 @@ def dense_layer(frontier, known, inner: Block, starts, ends, indices, fanout, se
     starts, ends = (np.ascontiguousarray(a, dtype=np.int64) for a in (starts, ends))
     _check(fanout, scratch)
     dptr = _count(starts, ends, int(fanout))
-    picks = np.empty(dptr[-1], dtype=np.int64)
-    _pick_seq(keys, starts, ends, indices, dptr, int(fanout), int(seed), int(epoch), int(batch), int(layer), picks)
+    picks = _pick(keys, starts, ends, indices, dptr, fanout, seed, epoch, batch, layer)
     src_nodes, status = _relabel(frontier, picks, scratch)
     if status:
         raise IndexError(f"{_ERRORS[status]} (size {len(scratch)})")
@@ -322,9 +321,9 @@ def _check(fanout, scratch):
         raise TypeError("scratch must be a 1-d int32/int64 array of -1s, size num_nodes")
 
 
-def _sample(frontier, key_ids, starts, ends, indptr, indices, fanout, seed, epoch, batch, layer,
-            scratch) -> Block:
-    """Pick (into picks int64 [E]) and relabel; indptr int64 [F+1] comes from _count."""
+def _pick(key_ids, starts, ends, indices, indptr, fanout, seed, epoch, batch, layer) -> np.ndarray:
+    """The picks (global ids, int64 [indptr[-1]]) of every dst node: the parallel kernel when there are
+    enough of them and the lock is free (not from a background thread), else its serial twin."""
     picks = np.empty(indptr[-1], dtype=np.int64)
     args = (key_ids, starts, ends, indices, indptr, int(fanout), int(seed), int(epoch),
             int(batch), int(layer), picks)
@@ -336,6 +335,13 @@ def _sample(frontier, key_ids, starts, ends, indptr, indices, fanout, seed, epoc
             _PAR_LOCK.release()
     else:
         _pick_seq(*args)
+    return picks
+
+
+def _sample(frontier, key_ids, starts, ends, indptr, indices, fanout, seed, epoch, batch, layer,
+            scratch) -> Block:
+    """Pick (into picks int64 [E]) and relabel; indptr int64 [F+1] comes from _count."""
+    picks = _pick(key_ids, starts, ends, indices, indptr, fanout, seed, epoch, batch, layer)
     src_nodes, status = _relabel(frontier, picks, scratch)                   # picks -> local
     if status:
         raise IndexError(f"{_ERRORS[status]} (size {len(scratch)})")
