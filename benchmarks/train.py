@@ -490,7 +490,9 @@ def main(argv=None):
     ratio("ginex", "inmemory", "ginex / inmemory")
     ratio("macrobatch", "inmemory", "macrobatch / inmemory")
     ratio("mmap", "marius", "mmap / marius (COMET)", "expected > 1", lambda x: x > 1)
-    ratio("marius-beta", "marius", "marius BETA / COMET", "MariusGNN Table 8: 1.04-1.28x", lambda x: x >= 1)
+    # MariusGNN Table 8 saw BETA 1.04-1.28x slower than COMET for link prediction, where every state has
+    # examples; for node classification BETA's greedy assignment leaves its later states empty (never loaded)
+    ratio("marius-beta", "marius", "marius BETA / COMET (no target)")
     ratio("marius", "inmemory", "marius / inmemory")
     for hb in ("hierbatching", "hierbatching-p1"):
         ratio(hb, "inmemory", f"{hb} / inmemory", "expected <= 1.5", lambda x: x <= 1.5)
