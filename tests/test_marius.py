@@ -292,3 +292,8 @@ def test_describe_counts_loads_as_the_closed_forms():
     beta = beta_states(16, 4, np.random.default_rng(1))
     d = describe(beta, sizes=[5, 5, 5])
     assert d["bucket_loads"] == 16 + (len(beta) - 1) * 7 and d["cv_examples"] == 0.0
+
+
+def test_an_unpartitioned_store_says_how_to_partition_it(tiny_store, tmp_path):
+    with pytest.raises(UserError, match="needs a partitioned store.*--partitioner"):
+        make_plan(tiny_store, _cfg(tiny_store, tmp_path))
