@@ -77,6 +77,11 @@ def _cmd_train(args):
     print(f"{s['run_dir']}: {s['epochs']} epochs in {s['train_s']:.1f} s, best val "
           f"{s['best_val_acc']:.4f}, test at best val {s['test_at_best_val']:.4f}, "
           f"read {s['io']['bytes_read'] / 2**20:.1f} MiB, cap enforced: {s['memory_cap']['enforced']}")
+    if "buffer" in s:
+        b = s["buffer"]
+        print(f"  buffer: {b['ordering']}, c={b['c']} of p={b['p']} partitions" + (f", l={b['l']}" if b["l"] else "")
+              + f", {b['states_loaded']} of {b['states_per_epoch']} states loaded in epoch 0 (states without "
+              "training nodes are skipped)")
 
 
 def _cmd_report(args):

@@ -628,6 +628,12 @@ class MariusPlan(Plan):
             from .orderings import auto_logical, comet_shape
             comet_shape(self.p, self.c, self.l or auto_logical(self.p, self.c))
 
+    def buffer(self) -> dict:
+        """The buffer this plan runs (c from the budget when not given): for run summaries."""
+        sch = self.schedule
+        return {"ordering": self.options.ordering, "p": self.p, "c": self.c, "l": sch.l,
+                "states_per_epoch": len(sch.states(0)[0]), "states_loaded": len(sch.groups(0))}
+
     def valid_c(self) -> list:
         """Buffer sizes the ordering accepts at p (COMET: those giving whole r and c_l >= 2 at l)."""
         from .orderings import auto_logical, comet_shape

@@ -334,6 +334,8 @@ def _train(cfg, run, store, plan, runtime, t_enter, device) -> dict:
     }
     if hasattr(plan, "rule"):
         summary["hierbatching_rule"] = plan.rule()
+    if plan.partition_buffer:
+        summary["buffer"] = plan.buffer()
     run.write_json("summary.json", summary)
     return {**summary, "run_dir": str(run.path), "log": log}
 

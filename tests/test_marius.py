@@ -297,3 +297,14 @@ def test_describe_counts_loads_as_the_closed_forms():
 def test_an_unpartitioned_store_says_how_to_partition_it(tiny_store, tmp_path):
     with pytest.raises(UserError, match="needs a partitioned store.*--partitioner"):
         make_plan(tiny_store, _cfg(tiny_store, tmp_path))
+
+
+def test_the_cli_says_which_buffer_the_budget_chose(fennel16, tmp_path, capsys):
+    from oocgnn.cli import main
+    main(["train", str(fennel16.path), "--policy", "marius", "--ordering", "beta", "--memory-budget", "2MB",
+          "--epochs", "1", "--max-eval-nodes", "100", "--out", str(tmp_path / "run"), "--no-progress"])
+    out = capsys.readouterr().out
+    plan = make_plan(fennel16, _cfg(fennel16, tmp_path, ordering="beta", epochs=1))
+    assert f"buffer: beta, c={plan.c} of p=16 partitions" in out
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["buffer"]["c"] == plan.c and summary["buffer"]["states_loaded"] <= summary["buffer"]["states_per_epoch"]
