@@ -51,13 +51,13 @@ class PartitionBuffer:
         """Bytes of the buckets held (the feature slots are the CachedReader's)."""
         return self.buckets.nbytes_of(self.edges)
 
-    def _read(self, step, slots, held_edges):
-        """Read the partitions of `step.buffer` not in `self.slot_of` into `slots`, and the buckets it lacks;
-        build its subgraph. Returns (seconds reading, new buckets, subgraph, io)."""
+    def _read(self, step, placed, held_edges):
+        """Read the partitions `placed` ({partition: slot}: those of `step.buffer` not held) into their slots
+        and the buckets the buffer lacks; build its subgraph from them and the `held_edges` it keeps.
+        Returns (seconds reading, placed, the state's buckets, io, subgraph)."""
         t, io0 = time.perf_counter(), self.io()
         rows = self.runtime.cached.rows
-        new = [k for k in step.buffer if k not in self.slot_of]
-        for k, slot in zip(new, slots):
+        for k, slot in placed.items():
             pos = slot * self.slot_rows
             for a, b in range_chunks(int(self.bounds[k]), int(self.bounds[k + 1]), self.runtime.store.row_stride):
                 rows[pos:pos + b - a] = torch.from_numpy(self.reader.read_range(a, b))
@@ -68,7 +68,7 @@ class PartitionBuffer:
         edges.update(got)
         subgraph = buffer_csc(self.buckets, step.buffer, edges)[1]
         self.runtime._time("subgraph", time.perf_counter() - t)
-        return seconds, dict(zip(new, slots)), edges, tuple(a - b for a, b in zip(self.io(), io0)), subgraph
+        return seconds, placed, edges, tuple(a - b for a, b in zip(self.io(), io0)), subgraph
 
     def _drop(self, parts):
         cached = self.runtime.cached
@@ -86,13 +86,14 @@ class PartitionBuffer:
             self.runtime._time("wait", time.perf_counter() - t)
         else:
             if self.pending is not None:              # a load for a step that did not come (a resume)
-                self._forget(self.pending[1].result()[1])
+                self.free.extend(self.pending[1].result()[1].values())
             result = None
         self.pending = None
         self._drop([k for k in list(self.slot_of) if k not in step.buffer])
-        if result is None:
-            new = [k for k in step.buffer if k not in self.slot_of]
-            result = self._read(step, [self.free.pop() for _ in new], self.edges)
+        if result is None:                            # the leaving partitions' buckets go before the read
+            keep = set(step.buffer)
+            self.edges = {pair: e for pair, e in self.edges.items() if pair[0] in keep and pair[1] in keep}
+            result = self._read(step, self._slots_for(step), self.edges)
         seconds, placed, self.edges, _, subgraph = result
         self.runtime._time("load", seconds)
         for k, slot in placed.items():
@@ -101,13 +102,13 @@ class PartitionBuffer:
         self.visible = step.group_visible
         self.runtime.sampler.prepare(step.visible, subgraph)
         if self.pool is not None and next_step is not None:
-            new = [k for k in next_step.buffer if k not in self.slot_of]
-            if len(new) <= len(self.free):           # room for it beside this state: load it now
-                slots = [self.free.pop() for _ in new]
-                self.pending = (next_step, self.pool.submit(self._read, next_step, slots, self.edges))
+            if sum(k not in self.slot_of for k in next_step.buffer) <= len(self.free):   # room beside this state
+                self.pending = (next_step, self.pool.submit(self._read, next_step, self._slots_for(next_step),
+                                                            self.edges))
 
-    def _forget(self, placed):
-        self.free.extend(placed.values())
+    def _slots_for(self, step) -> dict:
+        """{partition: free slot} for the partitions of `step.buffer` not held."""
+        return {k: self.free.pop() for k in step.buffer if k not in self.slot_of}
 
     def close(self):
         if self.pool:

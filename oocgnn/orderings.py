@@ -85,6 +85,16 @@ def auto_logical(p: int, c: int) -> int:
     return 2 * p // c
 
 
+def swap_size(ordering: str, p: int, c: int, l: int = 0) -> int:
+    """Partitions one state change within an epoch brings in at most (what a prefetch needs room for):
+    BETA one, COMET one logical partition (p / l; l = 0: `auto_logical`), sequential a whole group."""
+    if ordering == "beta":
+        return 1
+    if ordering == "sequential":
+        return c
+    return p // (l or auto_logical(p, c))
+
+
 def sequential_states(p: int, c: int) -> list[list[int]]:
     """Disjoint groups of c consecutive partitions in store order (the last may hold fewer)."""
     return [list(range(i, min(i + c, p))) for i in range(0, p, c)]

@@ -659,14 +659,8 @@ class MariusPlan(Plan):
         return max(fits)
 
     def _swap(self, c) -> int:
-        """Partitions a state change brings in at most within an epoch (the prefetch's room)."""
-        from .orderings import auto_logical
-        o = self.options
-        if o.ordering == "beta":
-            return 1
-        if o.ordering == "sequential":
-            return c
-        return self.p // (o.logical_parts or auto_logical(self.p, c))
+        from .orderings import swap_size
+        return swap_size(self.options.ordering, self.p, c, self.options.logical_parts)
 
     @cached_property
     def schedule(self):

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 
@@ -317,17 +318,11 @@ class BufferSchedule(Schedule):
         return {**super().params(), "physical_parts": self.p, "buffer_parts": self.c, "ordering": self.ordering,
                 "logical_parts": self.l}
 
-    @property
+    @cached_property
     def buckets(self):
         """The store's edge buckets at p partitions (written on first use)."""
-        if "_buckets" not in self.__dict__:
-            from .buckets import EdgeBuckets
-            self._buckets = EdgeBuckets.of(self.store, self.p)
-        return self._buckets
-
-    def swap(self) -> int:
-        """Partitions one state change within an epoch brings in at most (what a prefetch needs room for)."""
-        return {"beta": 1, "comet": self.p // max(self.l, 1), "sequential": self.c}[self.ordering]
+        from .buckets import EdgeBuckets
+        return EdgeBuckets.of(self.store, self.p)
 
     def states(self, epoch):
         """(states, state of each training node) of the epoch (`orderings`)."""
