@@ -255,7 +255,7 @@ def count_batch(lay, resident, blocks, history=None, used=None) -> dict:
 
 
 def simulate(store, plan, fanouts=None, epochs=1, seed=0, feature_cache=None, neighbour_cache=None,
-             history=None, progress=True, **schedule_params) -> pd.DataFrame:
+             history=None, progress=True, steps=None, **schedule_params) -> pd.DataFrame:
     """One row per batch of `epochs` epochs of a plan (`policies.make_plan`: any policy), or of a
     schedule (a Schedule, or a name + schedule_params) walked with `fanouts` and sampling `seed`.
 
@@ -265,7 +265,8 @@ def simulate(store, plan, fanouts=None, epochs=1, seed=0, feature_cache=None, ne
     with the plan's histories (OUTRE §4.3) only what a pruned batch uses is read, the histories'
     stamps refreshed as the executor's are. feature_cache / neighbour_cache: ids (or masks) always
     resident at no cost; history: ids (or a mask) of an ideal always-fresh history, counted apart in
-    the `*_hist` columns. `df.attrs` also holds the schedule, fanouts, seed and wall seconds.
+    the `*_hist` columns. `steps`: only the first so many batches (what a run cut by `max_steps` does).
+    `df.attrs` also holds the schedule, fanouts, seed and wall seconds.
     """
     plan = as_plan(store, plan, fanouts, seed, **schedule_params)
     if history is not None and plan.history is not None:
@@ -285,8 +286,12 @@ def simulate(store, plan, fanouts=None, epochs=1, seed=0, feature_cache=None, ne
                          before=lambda i, step: loads.__setitem__(i, res.apply(step)))
     # a plan that samples ahead fetches per chunk of batches (`oocgnn.ahead`); the others per batch
     for items, fetch in chunks(plan, walk) if plan.lookahead else (([item], None) for item in walk):
+        if steps is not None and len(rows) >= steps:
+            break
         begin = res.fetch(fetch) if fetch is not None else None
         for k, (i, epoch, b, step, sample) in enumerate(items):
+            if steps is not None and len(rows) >= steps:
+                break
             row = {"epoch": epoch, "batch": b, "group": step.group, "seeds": len(step.seeds),
                    "visible_nodes": store.num_nodes if step.visible is None else len(step.visible)}
             load = loads.pop(i)

@@ -177,3 +177,13 @@ def test_summarize(store):
         assert row.disk_pages == (e.feature_pages_read.sum() + e.neighbour_pages_read.sum()
                                   + e.load_pages.sum())
         assert row.groups == e.group.nunique()
+
+
+@pytest.mark.parametrize("name, kw", [("random", {}), ("partition", {"n_per_macro": 2})])
+def test_steps_is_a_prefix(store, name, kw):
+    """`steps` stops where a run cut by max_steps stops: the same first rows, nothing after."""
+    full = simulate(store, name, FAN, epochs=2, batch_size=40, progress=False, **kw)
+    for k in (1, 5, len(full) - 1):
+        cut = simulate(store, name, FAN, epochs=2, batch_size=40, progress=False, steps=k, **kw)
+        assert len(cut) == k
+        assert cut.reset_index(drop=True).equals(full.head(k).reset_index(drop=True))
