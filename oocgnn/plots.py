@@ -99,3 +99,30 @@ def plot_sweep(logs: pd.DataFrame, summary: pd.DataFrame, param: str, metric="va
     b.set_ylabel("test accuracy at best validation")
     b.set_title(f"accuracy vs {param}")
     return fig
+
+
+def plot_prediction(df: pd.DataFrame, title="", tolerance=0.2):
+    """Predicted vs measured epoch seconds per configuration (`costmodel`): bars side by side on a log
+    scale, the ratio written above each pair, and the ±tolerance band in a second panel."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 4), gridspec_kw={"width_ratios": [3, 2]})
+    x = np.arange(len(df))
+    ax.bar(x - 0.2, df["predicted_s"], 0.4, label="predicted")
+    ax.bar(x + 0.2, df["measured_s"], 0.4, label="measured")
+    ax.set_yscale("log")
+    ax.set_xticks(x, df["config"], rotation=30, ha="right")
+    ax.set_ylabel("epoch seconds")
+    ax.set_title(f"epoch time, predicted vs measured{': ' + title if title else ''}")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3, axis="y")
+    bx.axhspan(1 - tolerance, 1 + tolerance, color="tab:green", alpha=0.15, label=f"±{tolerance:.0%}")
+    bx.axhline(1, color="k", lw=0.8)
+    bx.scatter(x, df["ratio"], color=["tab:blue" if w else "tab:red" for w in df["within"]], zorder=3)
+    bx.set_xticks(x, df["config"], rotation=30, ha="right")
+    bx.set_ylabel("predicted / measured")
+    bx.set_title("ratio")
+    bx.legend(fontsize=8)
+    bx.grid(alpha=0.3)
+    fig.tight_layout()
+    return fig

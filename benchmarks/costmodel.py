@@ -1,0 +1,125 @@
+"""Predicted vs measured epoch time of every policy (`oocgnn.costmodel`), in one run.
+
+Uses (or prepares) the partition-ordered store data/<preset>-fennel-<K> (as benchmarks/train.py),
+measures this disk's rates and calibrates the per-batch CPU costs (a short inmemory run), then for
+each configuration: predicts its time from the simulator's exact I/O of the same steps, and trains
+it in a fresh process for the same steps (`--steps`; 0: one epoch) — the measured epoch time is the
+run's own (`epoch_s`, extrapolated from its steps as `oocgnn train --max-steps` does). Prints a table
+(predicted, measured, their ratio, within ±20 %, the predicted parts: CPU, random reads, loads,
+foreground/background) and writes it with a figure to --out.
+
+    .venv/bin/python benchmarks/costmodel.py [--preset small] [--parts 256] [--budget 80MB] [--steps 0]
+        [--policies inmemory,mmap,hierbatching,outre,ginex,macrobatch,marius] [--out figures/07_cost_model]
+"""
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from benchmarks import train as bench_train  # noqa: E402
+
+DEFAULT_POLICIES = "inmemory,mmap,hierbatching,outre,ginex,macrobatch,marius,marius-beta"
+
+
+def loadavg():
+    return " ".join(open("/proc/loadavg").read().split()[:3])
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("--preset", default="small", help="synthetic preset")
+    ap.add_argument("--parts", type=int, default=256, help="FENNEL parts of the store")
+    ap.add_argument("--budget", default="80MB", help="memory budget of every out-of-core policy")
+    ap.add_argument("--steps", type=int, default=0, help="steps per run and per prediction (0: one epoch)")
+    ap.add_argument("--policies", default=DEFAULT_POLICIES, help="configurations (benchmarks/train.py's VARIANTS)")
+    ap.add_argument("--batch-size", type=int, default=1024, help="mini-batch size")
+    ap.add_argument("--fanouts", default="10,10", help="sampling fanouts")
+    ap.add_argument("--physical-parts", type=int, default=16, help="marius p")
+    ap.add_argument("--superbatch", type=int, default=16, help="ginex S")
+    ap.add_argument("--macrobatch", type=int, default=4, help="macrobatch k")
+    ap.add_argument("--eval-nodes", type=int, default=500, help="evaluation nodes per split (excluded from time)")
+    ap.add_argument("--tolerance", type=float, default=0.2, help="the target: |predicted/measured - 1| <= this")
+    ap.add_argument("--data", default=str(REPO / "data"), help="data directory")
+    ap.add_argument("--cache-dir", default="", help="where disk rates and calibrations are cached "
+                                                   "(default $OOCGNN_CACHE or ~/.cache/oocgnn)")
+    ap.add_argument("--out", default="", help="write <out>.csv and <out>.png (default: print only)")
+    args = ap.parse_args(argv)
+
+    import pandas as pd
+    from oocgnn import costmodel
+    from oocgnn.config import TrainConfig
+    from oocgnn.errors import UserError
+    from oocgnn.policies import make_plan
+    from oocgnn.train import train_fresh
+
+    store, _ = bench_train.ensure_store(args.preset, args.parts, Path(args.data))
+    base = {"store": str(store.path), "memory_budget": args.budget, "batch_size": args.batch_size,
+            "fanouts": args.fanouts, "max_eval_nodes": args.eval_nodes, "progress": False, "force": True,
+            "epochs": 1, "physical_parts": args.physical_parts, "superbatch": args.superbatch,
+            "macrobatch": args.macrobatch, "static_ratio": 0.01}
+    base["parts_per_megabatch"] = bench_train.choose_megabatch(store, base)
+    cache = args.cache_dir or None
+    print(f"store {store.path}: {store.num_nodes:,} nodes, budget {args.budget}, load {loadavg()}", flush=True)
+    t = time.perf_counter()
+    rates = costmodel.measure_disk(store, cache=cache, refresh=True)
+    print(f"disk: sequential {rates.seq_bytes_s / 1e6:.0f} MB/s, random 4 KiB {rates.iops:,.0f}/s in flight, "
+          f"{rates.iops_qd1:,.0f}/s one at a time ({time.perf_counter() - t:.1f} s)", flush=True)
+    costs = costmodel.calibrate(store, TrainConfig.create(**base), cache=cache, refresh=True)
+    print(f"calibration ({costs.steps} inmemory steps): sample {costs.sample_step_s * 1e3:.2f} ms/step + "
+          f"{costs.sample_s * 1e9:.0f} ns/expanded node, gather {costs.gather_step_s * 1e3:.2f} ms/step + "
+          f"{costs.gather_s * 1e9:.0f} ns/row, compute {costs.compute_step_s * 1e3:.2f} ms/step + "
+          f"{costs.compute_s * 1e9:.0f} ns/row, load {loadavg()}", flush=True)
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="oocgnn-costmodel-") as tmp:
+        for name in args.policies.split(","):
+            if name not in bench_train.VARIANTS:
+                raise SystemExit(f"unknown configuration {name!r}; choose from {', '.join(bench_train.VARIANTS)}")
+            policy, over = bench_train.VARIANTS[name]
+            cfg = TrainConfig.create(**{**base, **over, "policy": policy, "max_steps": args.steps,
+                                        "out": str(Path(tmp) / name)})
+            try:
+                plan = make_plan(store, cfg)
+            except UserError as e:
+                print(f"  {name:<14} skipped: {e}", flush=True)
+                continue
+            pred = costmodel.predict(store, plan, rates, costs, steps=args.steps or None)
+            load = loadavg()
+            s = train_fresh(cfg)
+            check = costmodel.check_prediction(pred, s["epoch_s"], args.tolerance)
+            rows.append({"config": name, "steps": s["steps"], "epoch_steps": s["epoch_steps"],
+                         "predicted_s": pred["epoch_s"], "measured_s": s["epoch_s"], "ratio": check["ratio"],
+                         "within": check["within"], "cpu_s": pred["sample"] + pred["gather"] + pred["compute"],
+                         "read_s": pred["read"], "load_s": pred["load"], "fg_s": pred["fg"], "bg_s": pred["bg"],
+                         "exact_io": pred["exact_io"], "measured_stages": s["stage_s"], "load": load})
+            print(f"  {name:<14} predicted {pred['epoch_s']:8.2f} s  measured {s['epoch_s']:8.2f} s  "
+                  f"ratio {check['ratio']:.2f}  load {load}", flush=True)
+    df = pd.DataFrame(rows)
+    if df.empty:
+        raise SystemExit("no configuration fits the budget")
+    shown = df.drop(columns=["measured_stages"])
+    print(shown.to_string(index=False, float_format=lambda v: f"{v:.3g}"))
+    print(f"within ±{args.tolerance:.0%}: {int(df['within'].sum())} of {len(df)}; median |ratio - 1| "
+          f"{statistics.median(abs(df['ratio'] - 1)):.2f}; load {loadavg()}")
+    if args.out:
+        import matplotlib
+        matplotlib.use("Agg")
+        from oocgnn.plots import plot_prediction, save_figure
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        shown.to_csv(out.with_suffix(".csv"), index=False)
+        fig = plot_prediction(df, f"{Path(store.path).name}, budget {args.budget}", args.tolerance)
+        save_figure(fig, out.with_suffix(".png"))
+        print(f"wrote {out.with_suffix('.csv')} and {out.with_suffix('.png')}")
+    return df
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONWARNINGS", "ignore")
+    main()

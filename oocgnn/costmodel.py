@@ -1,0 +1,311 @@
+"""Predict a policy's epoch time before running it.
+
+Three measured ingredients, combined as each policy pipelines:
+
+- the plan's exact I/O, from the simulator (`simulate.simulate`: per batch, the random feature pages
+  and neighbour-list pages read and their requests, and the sequential loads of residency changes);
+- this machine's disk (`DiskRates`, measured once per device and cached): sequential bytes/s and
+  random 4 KiB reads/s at the queue depth `DirectReader` keeps in flight, and at depth 1 (page
+  faults). A read of `pages` in `requests` costs `requests·latency + pages·4096/bandwidth`, where
+  the latency is what the random rate leaves after the bytes (a linear latency-bandwidth model);
+- the processor's per-batch costs (`StepCosts`), from a short calibration run: seconds of sampling
+  per expanded node, of gathering and of the model's step per input row.
+
+Overlap (HierBatching §3.5 generalised, BatchGNN App. A): a plan's batches fall in phases — a group
+of ranges loaded together (HierBatching's mega-batch, MariusGNN's buffer state) or a chunk sampled
+ahead (Ginex's superbatch, BatchGNN's macrobatch) — and a phase's background work (the next group's
+load; the next chunk's sampling and, for a macrobatch, its union read) runs beside its foreground
+work, so an epoch takes `bg[0] + Σ max(fg[i], bg[i+1])`; a plan that does not pipeline adds them.
+`mmap`'s reads are the page faults an LRU over 4 KiB pages of the budget's size would miss
+(`cache.PageLRUCache`), one at a time: the kernel's cache is not exactly LRU, so it is an estimate.
+"""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from .errors import UserError
+from .io import PAGE
+
+CACHE_VERSION = 1
+
+
+def cache_dir(path=None) -> Path:
+    """Where measured rates and calibrations are kept: `path`, $OOCGNN_CACHE, or ~/.cache/oocgnn."""
+    return Path(path or os.environ.get("OOCGNN_CACHE") or Path.home() / ".cache" / "oocgnn").expanduser()
+
+
+def _load(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+        return data if data.get("version") == CACHE_VERSION else {"version": CACHE_VERSION}
+    except (OSError, ValueError):
+        return {"version": CACHE_VERSION}
+
+
+def _save(path: Path, data: dict):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps(data, indent=1))
+    os.replace(tmp, path)
+
+
+# ---- the disk ----------------------------------------------------------------------------------
+@dataclass
+class DiskRates:
+    """This device's O_DIRECT rates: sequential bytes/s (`DirectReader.read_range`), random 4 KiB
+    reads/s as `DirectReader.read_rows` issues them (many in flight) and one at a time (`iops_qd1`)."""
+    seq_bytes_s: float
+    iops: float
+    iops_qd1: float
+    device: str = ""
+
+    def seconds(self, pages, requests, depth="deep"):
+        """Seconds to read `pages` 4 KiB pages in `requests` requests (arrays or numbers)."""
+        iops = self.iops if depth == "deep" else self.iops_qd1
+        latency = max(0.0, 1.0 / iops - PAGE / self.seq_bytes_s)
+        return np.asarray(requests) * latency + np.asarray(pages) * (PAGE / self.seq_bytes_s)
+
+
+def _device_key(path) -> str:
+    st = os.stat(path)
+    return f"dev{os.major(st.st_dev)}:{os.minor(st.st_dev)}"
+
+
+def measure_disk(store, repeats=3, random_reads=8192, seq_bytes=256 << 20, cache=None,
+                 refresh=False) -> DiskRates:
+    """Measure (or read from the cache) the rates of the device holding `store`'s features.bin.
+
+    Sequential: `read_range` over up to `seq_bytes` of the file; random: `read_rows` of
+    `random_reads` distinct rows on distinct pages, spread over the file; depth 1: single
+    O_DIRECT 4 KiB preads at random pages. Medians of `repeats`."""
+    path = Path(store.features_path)
+    key, file = _device_key(path), cache_dir(cache) / "disk-rates.json"
+    saved = _load(file)
+    if key in saved and not refresh:
+        return DiskRates(**saved[key])
+    reader = store.reader("direct")
+    rng = np.random.default_rng(0)
+    n, stride = store.num_nodes, store.row_stride
+    per_page = max(1, PAGE // stride)
+    pages_total = max(1, n // per_page)
+    seq_rows = int(min(n, max(1, seq_bytes // stride)))
+    seq, deep, qd1 = [], [], []
+    try:
+        for _ in range(repeats):
+            t = time.perf_counter()
+            for lo in range(0, seq_rows, max(1, (8 << 20) // stride)):
+                reader.read_range(lo, min(seq_rows, lo + max(1, (8 << 20) // stride)))
+            seq.append(seq_rows * stride / (time.perf_counter() - t))
+            pages = rng.choice(pages_total, min(random_reads, pages_total), replace=False)
+            # every other page at most, so no two rows coalesce into one request
+            ids = np.unique(pages - pages % 2) * per_page
+            before = reader.stats.requests
+            t = time.perf_counter()
+            reader.read_rows(ids)
+            deep.append((reader.stats.requests - before) / (time.perf_counter() - t))
+            qd1.append(_qd1_rate(path, pages_total * per_page * stride, rng))
+    finally:
+        reader.close()
+    rates = DiskRates(statistics.median(seq), statistics.median(deep), statistics.median(qd1), key)
+    saved[key] = asdict(rates)
+    _save(file, saved)
+    return rates
+
+
+def _qd1_rate(path, size, rng, reads=1024) -> float:
+    """Random 4 KiB O_DIRECT reads per second, one at a time."""
+    import mmap
+    buf = mmap.mmap(-1, PAGE)
+    flags = os.O_RDONLY | getattr(os, "O_DIRECT", 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError:
+        fd = os.open(path, os.O_RDONLY)
+    try:
+        offsets = rng.integers(0, max(1, size // PAGE), reads) * PAGE
+        t = time.perf_counter()
+        for off in offsets:
+            os.preadv(fd, [buf], int(off))
+        return reads / (time.perf_counter() - t)
+    finally:
+        os.close(fd)
+        buf.close()
+
+
+# ---- the processor -------------------------------------------------------------------------------
+@dataclass
+class StepCosts:
+    """CPU seconds of a batch's stages, from a calibration run (`calibrate`): each stage costs a constant
+    per step (Python, kernel launches, the optimiser's step over every parameter) plus a cost per unit —
+    sampling per expanded node (the dst nodes of every layer), gathering and the model's forward,
+    backward and step per input row."""
+    sample_s: float
+    gather_s: float
+    compute_s: float
+    sample_step_s: float = 0.0
+    gather_step_s: float = 0.0
+    compute_step_s: float = 0.0
+    steps: int = 0
+    key: str = ""
+
+    def batch_seconds(self, df) -> dict:
+        """Per-batch CPU seconds of a `simulate` frame, by stage."""
+        expanded, rows = _expanded(df), df["input_nodes"].to_numpy(float)
+        return {"sample": self.sample_step_s + self.sample_s * expanded,
+                "gather": self.gather_step_s + self.gather_s * rows,
+                "compute": self.compute_step_s + self.compute_s * rows}
+
+
+def _expanded(df) -> np.ndarray:
+    """Per batch, the nodes the sampler expanded: the unique dst nodes of every layer but the input one."""
+    depth = max(int(c[len("unique_l"):]) for c in df.columns if c.startswith("unique_l"))
+    return sum(df[f"unique_l{k}"].to_numpy(float) for k in range(depth))
+
+
+def _calibration_key(store, cfg) -> str:
+    import torch
+    parts = [CACHE_VERSION, store.meta.get("checksum", str(store.path)), cfg.model, cfg.hidden, cfg.fanouts,
+             cfg.batch_size, cfg.sampler, cfg.device, cfg.precision, cfg.threads or torch.get_num_threads(),
+             cfg.dropout]
+    return "|".join(map(str, parts))
+
+
+def _fit(steps, units, seconds):
+    """(per step, per unit) seconds through two or more (steps, units, seconds) runs: least squares,
+    neither negative."""
+    a = np.column_stack([steps, units]).astype(float)
+    y = np.asarray(seconds, float)
+    if len(y) < 2:
+        return 0.0, float(y.sum() / max(a[:, 1].sum(), 1e-12))
+    c, *_ = np.linalg.lstsq(a, y, rcond=None)
+    if c[0] < 0:
+        c = np.array([0.0, y.sum() / max(a[:, 1].sum(), 1e-12)])
+    elif c[1] < 0:
+        c = np.array([y.sum() / a[:, 0].sum(), 0.0])
+    return float(c[0]), float(c[1])
+
+
+def calibrate(store, cfg, steps=24, cache=None, refresh=False) -> StepCosts:
+    """Per-batch CPU costs of `cfg`'s model and sampler on this machine: after a warm-up, two short runs with
+    every row in memory (`inmemory`, `steps` steps each, no evaluation but at the start), at the batch size
+    and at a quarter of it, whose stage seconds, against what the simulator counts for the same batches, give
+    each stage's cost per step and per unit. Cached per store, model and settings."""
+    from .policies import make_plan
+    from .simulate import simulate
+    from .train import train
+    key, file = _calibration_key(store, cfg), cache_dir(cache) / "calibration.json"
+    saved = _load(file)
+    if key in saved and not refresh:
+        return StepCosts(**saved[key])
+    obs = []
+    with tempfile.TemporaryDirectory(prefix="oocgnn-calibrate-") as tmp:
+        def run(b, k):
+            return cfg.replace(store=str(store.path), policy="inmemory", epochs=k, max_steps=k, eval_every=0,
+                               max_eval_nodes=64, out=str(Path(tmp) / f"run{b}"), progress=False, force=True,
+                               checkpoint_every=0, resume="", target_acc=0.0, batch_size=b)
+        train(run(cfg.batch_size, 3))          # warm-up: compiled kernels, thread pools, the page cache
+        for b in sorted({cfg.batch_size, max(1, cfg.batch_size // 4)}):
+            run_cfg = run(b, steps)
+            summary = train(run_cfg)
+            df = simulate(store, make_plan(store, run_cfg), epochs=run_cfg.epochs, progress=False,
+                          steps=summary["steps"])
+            st = summary["stage_s"]
+            obs.append((len(df), _expanded(df).sum(), df["input_nodes"].sum(), st.get("sample", 0.0),
+                        st.get("gather", 0.0), st.get("compute", 0.0) + st.get("h2d", 0.0)))
+    n, expanded, rows, sample, gather, compute = (np.array(v, float) for v in zip(*obs))
+    (s0, s1), (g0, g1), (c0, c1) = _fit(n, expanded, sample), _fit(n, rows, gather), _fit(n, rows, compute)
+    costs = StepCosts(s1, g1, c1, s0, g0, c0, int(n.sum()), key)
+    saved[key] = asdict(costs)
+    _save(file, saved)
+    return costs
+
+
+# ---- the policies ----------------------------------------------------------------------------------
+def phases(plan, df) -> np.ndarray:
+    """Phase of each simulated batch: the chunk it was sampled ahead in, or the group of ranges loaded
+    with it (a new phase where a batch's step loaded something), or one phase per batch."""
+    if plan.lookahead:
+        return (df["epoch"].to_numpy() * (1 << 32) + df["batch"].to_numpy() // plan.lookahead)
+    loads = (df["load_pages"].to_numpy() > 0)
+    return np.cumsum(loads | (np.arange(len(df)) == 0)) - 1
+
+
+def mmap_faults(store, plan, steps=None) -> np.ndarray:
+    """Per batch, the 4 KiB feature pages an LRU page cache of the budget's size misses (mmap's faults)."""
+    from .cache import PageLRUCache, replay
+    from .trace import record_trace
+    trace = record_trace(store, plan.schedule, plan.fanouts, epochs=1, seed=plan.seed, cache_dir=False)
+    res = replay(trace, PageLRUCache.from_budget(plan.budget, store.row_bytes, store.num_nodes), per_iteration=True)
+    pages = res.per_iteration["pages_read"].to_numpy()
+    return pages[:steps] if steps is not None else pages
+
+
+def predict(store, plan, rates: DiskRates, costs: StepCosts, steps=None, df=None) -> dict:
+    """Predicted seconds of the first `steps` batches (default an epoch) of `plan`, and the parts.
+
+    Returns `seconds` (the prediction), `epoch_s` (extrapolated to an epoch of the plan's batches, as a
+    run cut by `max_steps` reports), the totals of each stage (`sample`, `gather`, `compute`, `read`:
+    random reads, `load`: residency changes and fetches), `fg`/`bg` totals and the I/O they come from."""
+    from .simulate import simulate
+    if df is None:
+        df = simulate(store, plan, epochs=1, progress=False, steps=steps)
+    cpu = costs.batch_seconds(df)
+    if plan.reader == "mmap":
+        faults = mmap_faults(store, plan, len(df))
+        read = rates.seconds(faults, faults, depth="qd1")
+    else:
+        read = rates.seconds(df["feature_pages_read"], df["feature_requests"]) + \
+            rates.seconds(df["neighbour_pages_read"], df["neighbour_requests"])
+    load = rates.seconds(df["load_pages"], df["load_feature_requests"] + df["load_adjacency_requests"])
+    read, load = np.asarray(read, float), np.asarray(load, float)
+    sample, gather, compute = (np.asarray(cpu[k], float) for k in ("sample", "gather", "compute"))
+    if plan.lookahead:         # sampled ahead in a thread; a macrobatch's union is read there too
+        bg = sample + (load if plan.fetch_reads_ahead else 0.0)
+        fg = gather + compute + read + (0.0 if plan.fetch_reads_ahead else load)
+    elif plan.pipeline:        # the next group loads while this one trains
+        bg, fg = load, sample + gather + compute + read
+    else:
+        bg, fg = np.zeros(len(df)), sample + gather + compute + read + load
+    ph = phases(plan, df)
+    frame = pd.DataFrame({"phase": ph, "fg": fg, "bg": bg})
+    per = frame.groupby("phase", sort=False)[["fg", "bg"]].sum()
+    f, b = per["fg"].to_numpy(), per["bg"].to_numpy()
+    seconds = float(b[0] + np.maximum(f, np.append(b[1:], 0.0)).sum()) if len(per) else 0.0
+    epoch_steps = sum(1 for e, _, _ in plan.schedule.steps(1))
+    return {"policy": plan.name, "steps": len(df), "epoch_steps": epoch_steps, "seconds": seconds,
+            "epoch_s": seconds * epoch_steps / max(1, len(df)),
+            "sample": float(sample.sum()), "gather": float(gather.sum()), "compute": float(compute.sum()),
+            "read": float(read.sum()), "load": float(load.sum()), "fg": float(f.sum()), "bg": float(b.sum()),
+            "phases": len(per), "disk_bytes": int(df["feature_pages_read"].sum() + df["neighbour_pages_read"].sum()
+                                                   + df["load_pages"].sum()) * PAGE,
+            "exact_io": bool(plan.exact_io)}
+
+
+def predict_config(cfg, steps=None, rates=None, costs=None, cache=None) -> dict:
+    """`predict` for a run configuration: its plan (checked against the budget), this machine's rates and
+    the calibration of its model settings (measured now if not cached)."""
+    from .policies import make_plan
+    from .store import open_store
+    store = open_store(cfg.store)
+    plan = make_plan(store, cfg)
+    rates = rates or measure_disk(store, cache=cache)
+    costs = costs or calibrate(store, cfg, cache=cache)
+    return predict(store, plan, rates, costs, steps=steps)
+
+
+def check_prediction(predicted: dict, measured_epoch_s: float, tolerance=0.2) -> dict:
+    """Predicted vs measured epoch seconds: their ratio and whether it is within ±tolerance."""
+    if measured_epoch_s <= 0:
+        raise UserError("a measured epoch time must be positive")
+    ratio = predicted["epoch_s"] / measured_epoch_s
+    return {"predicted_s": predicted["epoch_s"], "measured_s": measured_epoch_s, "ratio": ratio,
+            "within": abs(ratio - 1) <= tolerance}

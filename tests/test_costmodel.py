@@ -1,0 +1,122 @@
+"""The cost model's parts against hand computations: the disk's linear model, the calibration's fit and
+cache, phases and the overlap rule, and the I/O a prediction charges against the simulator's count."""
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from oocgnn import costmodel
+from oocgnn.config import TrainConfig
+from oocgnn.costmodel import DiskRates, StepCosts
+from oocgnn.errors import UserError
+from oocgnn.io import PAGE
+from oocgnn.policies import make_plan
+from oocgnn.simulate import simulate
+
+RATES = DiskRates(seq_bytes_s=1e9, iops=50_000, iops_qd1=10_000)
+FREE_CPU = StepCosts(0.0, 0.0, 0.0)
+
+
+def _cfg(store, **kw):
+    return TrainConfig.create(store=str(store.path), batch_size=64, fanouts="5,5", progress=False,
+                              max_eval_nodes=64, **kw)
+
+
+def test_disk_seconds_is_latency_plus_bytes():
+    lat = 1 / 50_000 - PAGE / 1e9
+    assert RATES.seconds(10, 2) == pytest.approx(2 * lat + 10 * PAGE / 1e9)
+    assert RATES.seconds(1, 1) == pytest.approx(1 / 50_000)           # one page: exactly the random rate
+    assert RATES.seconds(1, 1, depth="qd1") == pytest.approx(1 / 10_000)
+    np.testing.assert_allclose(RATES.seconds(np.array([0, 4]), np.array([0, 4])), [0, 4 / 50_000])
+
+
+def test_measure_disk_is_cached_per_device(fennel16, tmp_path, monkeypatch):
+    first = costmodel.measure_disk(fennel16, repeats=1, random_reads=256, seq_bytes=1 << 20, cache=tmp_path)
+    assert first.seq_bytes_s > 0 and first.iops > 0 and first.iops_qd1 > 0
+    saved = json.loads((tmp_path / "disk-rates.json").read_text())
+    assert saved[first.device]["iops"] == first.iops
+    monkeypatch.setattr(type(fennel16), "reader", lambda *a, **k: pytest.fail("measured again"))
+    assert costmodel.measure_disk(fennel16, cache=tmp_path) == first
+
+
+def test_fit_recovers_step_and_unit_costs():
+    steps, units = np.array([20, 24]), np.array([20_000, 6_000])
+    assert costmodel._fit(steps, units, 0.002 * steps + 3e-7 * units) == pytest.approx((0.002, 3e-7))
+    assert costmodel._fit([10], [1000], [1.0]) == (0.0, pytest.approx(1e-3))     # one point: per unit only
+    assert costmodel._fit(steps, units, [1.0, 0.1]) == (0.0, pytest.approx(1.1 / 26_000))   # constant < 0
+    assert costmodel._fit(steps, units, [0.001, 0.5]) == (pytest.approx(0.501 / 44), 0.0)   # unit cost < 0
+
+
+def test_batch_seconds_adds_the_constant(fennel16):
+    df = simulate(fennel16, make_plan(fennel16, _cfg(fennel16)), epochs=1, progress=False)
+    c = StepCosts(1e-6, 2e-6, 3e-6, 0.01, 0.02, 0.03)
+    s = c.batch_seconds(df)
+    expanded = df["unique_l0"] + df["unique_l1"]              # two layers: the output and middle nodes
+    np.testing.assert_allclose(s["sample"], 0.01 + 1e-6 * expanded)
+    np.testing.assert_allclose(s["compute"], 0.03 + 3e-6 * df["input_nodes"])
+
+
+def test_calibrate_is_cached_and_keyed_by_model(fennel16, tmp_path):
+    cfg = _cfg(fennel16, hidden=16)
+    costs = costmodel.calibrate(fennel16, cfg, steps=4, cache=tmp_path)
+    assert costs.steps == 8 and min(costs.sample_s, costs.gather_s, costs.compute_s) >= 0
+    assert costs.compute_step_s + costs.compute_s > 0
+    assert costmodel.calibrate(fennel16, cfg, cache=tmp_path) == costs           # cached: not re-run
+    assert len(json.loads((tmp_path / "calibration.json").read_text())) == 2     # version + one key
+    assert costmodel._calibration_key(fennel16, cfg.replace(hidden=32)) != costs.key
+
+
+@pytest.mark.parametrize("policy, kw", [("outre", {"history_ratio": 0.0, "memory_budget": "400KB"}), ("hierbatching", {"parts_per_megabatch": 4, "memory_budget": "3MB"}),
+                                        ("ginex", {"superbatch": 4, "memory_budget": "3MB"}),
+                                        ("macrobatch", {"macrobatch": 2, "memory_budget": "6MB"})])
+def test_prediction_charges_the_simulated_io(fennel16, policy, kw):
+    """With free CPU, a prediction is the simulator's pages and requests at the disk's rates, overlapped as
+    the plan pipelines: never more than their sum, never less than the foreground's."""
+    plan = make_plan(fennel16, _cfg(fennel16, policy=policy, **kw))
+    df = simulate(fennel16, plan, epochs=1, progress=False)
+    p = costmodel.predict(fennel16, plan, RATES, FREE_CPU, df=df)
+    read = RATES.seconds(df.feature_pages_read, df.feature_requests).sum() + \
+        RATES.seconds(df.neighbour_pages_read, df.neighbour_requests).sum()
+    load = RATES.seconds(df.load_pages, df.load_feature_requests + df.load_adjacency_requests).sum()
+    assert p["read"] == pytest.approx(read) and p["load"] == pytest.approx(load)
+    assert p["disk_bytes"] == (df.feature_pages_read.sum() + df.neighbour_pages_read.sum() + df.load_pages.sum()) * PAGE
+    assert p["fg"] + p["bg"] == pytest.approx(read + load)
+    assert max(p["fg"], p["bg"]) - 1e-12 <= p["seconds"] <= read + load + 1e-12
+    if not (plan.lookahead or plan.pipeline):
+        assert p["seconds"] == pytest.approx(read + load)
+    assert p["steps"] == len(df) == p["epoch_steps"] and p["epoch_s"] == pytest.approx(p["seconds"])
+
+
+def test_overlap_rule_by_hand(fennel16):
+    """bg[0] + sum max(fg[i], bg[i+1]) on a pipelined plan's phases, computed here from the frame."""
+    plan = make_plan(fennel16, _cfg(fennel16, policy="hierbatching", parts_per_megabatch=4, memory_budget="3MB"))
+    df = simulate(fennel16, plan, epochs=1, progress=False)
+    costs = StepCosts(1e-6, 1e-6, 5e-6, 1e-3, 0.0, 2e-3)
+    p = costmodel.predict(fennel16, plan, RATES, costs, df=df)
+    ph = costmodel.phases(plan, df)
+    assert ph.max() + 1 == df.group.nunique() == p["phases"]      # a phase per mega-batch loaded
+    cpu = costs.batch_seconds(df)
+    fg = pd.Series(cpu["sample"] + cpu["gather"] + cpu["compute"]
+                   + RATES.seconds(df.feature_pages_read, df.feature_requests)
+                   + RATES.seconds(df.neighbour_pages_read, df.neighbour_requests)).groupby(ph).sum().to_numpy()
+    bg = pd.Series(RATES.seconds(df.load_pages, df.load_feature_requests + df.load_adjacency_requests)) \
+        .groupby(ph).sum().to_numpy()
+    want = bg[0] + sum(max(fg[i], bg[i + 1] if i + 1 < len(bg) else 0.0) for i in range(len(fg)))
+    assert p["seconds"] == pytest.approx(want)
+
+
+def test_steps_extrapolate_to_an_epoch(fennel16):
+    plan = make_plan(fennel16, _cfg(fennel16, policy="outre", history_ratio=0.0, memory_budget="400KB"))
+    full = costmodel.predict(fennel16, plan, RATES, StepCosts(1e-6, 1e-6, 1e-6, 1e-3, 1e-3, 1e-3))
+    part = costmodel.predict(fennel16, plan, RATES, StepCosts(1e-6, 1e-6, 1e-6, 1e-3, 1e-3, 1e-3), steps=3)
+    assert part["steps"] == 3 and part["epoch_steps"] == full["epoch_steps"] == full["steps"] > 3
+    assert part["epoch_s"] == pytest.approx(part["seconds"] * full["steps"] / 3)
+
+
+def test_check_prediction():
+    c = costmodel.check_prediction({"epoch_s": 1.1}, 1.0)
+    assert c["within"] and c["ratio"] == pytest.approx(1.1)
+    assert not costmodel.check_prediction({"epoch_s": 1.3}, 1.0)["within"]
+    with pytest.raises(UserError):
+        costmodel.check_prediction({"epoch_s": 1.0}, 0.0)
