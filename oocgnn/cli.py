@@ -69,10 +69,36 @@ def _cmd_info(args):
             print(f"{k:<{width}}  {v:,}" if isinstance(v, int) else f"{k:<{width}}  {v}")
 
 
+def _settings_from(args) -> dict:
+    """The settings given on the command line, over those of --config FILE.json (a run's config.json or
+    `oocgnn tune`'s chosen.json) when one is given."""
+    from .config import POLICY_OPTIONS, SETTINGS
+    from .train import RUN_FACTS
+    given = {k: v for k, v in vars(args).items() if k in SETTINGS and v is not None}
+    if not getattr(args, "config", None):
+        if "store" not in given:
+            raise UserError("give a STORE (or --config FILE.json that names one)")
+        return given
+    try:
+        saved = json.loads(Path(args.config).read_text())
+    except FileNotFoundError:
+        raise UserError(f"--config {args.config}: no such file") from None
+    except (OSError, ValueError) as e:
+        raise UserError(f"--config {args.config} is not a JSON config: {e}") from None
+    if not isinstance(saved, dict):
+        raise UserError(f"--config {args.config} is not a JSON object of settings")
+    for fact in RUN_FACTS:                       # what a run's config.json records beside its settings
+        saved.pop(fact, None)
+    flat = {}
+    for k, v in saved.items():                   # a saved config nests each policy's options
+        flat.update(v if isinstance(v, dict) and k in POLICY_OPTIONS else {k: v})
+    return {**flat, **given}
+
+
 def _cmd_train(args):
-    from .config import SETTINGS, TrainConfig
+    from .config import TrainConfig
     from .train import train
-    cfg = TrainConfig.create(**{k: v for k, v in vars(args).items() if k in SETTINGS and v is not None})
+    cfg = TrainConfig.create(**_settings_from(args))
     s = train(cfg)
     print(f"{s['run_dir']}: {s['epochs']} epochs in {s['train_s']:.1f} s, best val "
           f"{s['best_val_acc']:.4f}, test at best val {s['test_at_best_val']:.4f}, "
@@ -82,6 +108,22 @@ def _cmd_train(args):
         print(f"  buffer: {b['ordering']}, c={b['c']} of p={b['p']} partitions" + (f", l={b['l']}" if b["l"] else "")
               + f", {b['states_loaded']} of {b['states_per_epoch']} states loaded in epoch 0 (states without "
               "training nodes are skipped)")
+
+
+def _cmd_tune(args):
+    from .config import TrainConfig
+    from .tune import tune
+    settings = _settings_from(args)
+    cfg = TrainConfig.create(**settings)
+    out = args.out or str(Path("runs") / f"tune-{Path(cfg.store).name}-{cfg.memory_budget}")
+    policies = [p for p in args.policies.split(",") if p] if args.policies else None
+    if policies:
+        from .policies import POLICIES
+        unknown = [p for p in policies if p not in POLICIES]
+        if unknown:
+            raise UserError(f"unknown policies {', '.join(unknown)}; choose from {', '.join(POLICIES)}")
+    tune(cfg, out, top=args.top, time_limit=args.time_limit, predict_steps=args.predict_steps or None,
+         policies=policies, cache=args.cache_dir or None, progress=cfg.progress)
 
 
 def _cmd_report(args):
@@ -110,16 +152,22 @@ class _Parser(argparse.ArgumentParser):
 _TYPES = {"int": (int, "N"), "float": (float, "X"), "str": (str, "TEXT")}
 
 
-def _add_settings(parser):
+def _add_settings(parser, exclude=()):
     """One flag per setting of `config.SETTINGS` (`--batch-size` for batch_size), its help and default
     from the setting itself; each policy's options in a group of their own. Flags not given stay
-    None, so the config's own defaults apply."""
+    None, so the config's own defaults (or those of --config) apply."""
     from .config import SETTINGS
     from .policies import POLICIES
     groups = {}
+    parser.add_argument("--config", metavar="FILE.json", default=None,
+                        help="start from the settings in this file (a run's config.json, or the chosen.json "
+                             "`oocgnn tune` writes); flags given override it (default: none)")
     for name, (owner, f) in SETTINGS.items():
+        if name in exclude:
+            continue
         if name == "store":
-            parser.add_argument("store", help=f.metadata["help"])
+            parser.add_argument("store", nargs="?", default=None,
+                                help=f"{f.metadata['help']} (may come from --config)")
             continue
         if owner is None:
             target = parser
@@ -184,6 +232,27 @@ def build_parser() -> argparse.ArgumentParser:
                                     "and summary.json to the run directory.")
     _add_settings(tr)
     tr.set_defaults(func=_cmd_train)
+
+    tu = sub.add_parser("tune", help="rank policies and knobs for a budget, run the best few, choose one",
+                        description="Predict the epoch time of every policy and knob setting that fits "
+                                    "--memory-budget (the simulator's exact I/O at this disk's measured "
+                                    "rates plus calibrated CPU costs), train the --top fastest predicted "
+                                    "for --epochs (cut to fit --time-limit), and write ranking.csv, "
+                                    "chosen.json (for `oocgnn train --config`), tune.json and "
+                                    "predicted_vs_measured.png to --out. Disk rates and calibrations are "
+                                    "cached (--cache-dir).")
+    _add_settings(tu, exclude=("policy", "out", "resume", "max_steps", "checkpoint_every", "force"))
+    tu.add_argument("--out", default=None, help="tune directory (default runs/tune-<store>-<budget>)")
+    tu.add_argument("--top", type=int, default=3, help="candidates trained after the prediction (default 3)")
+    tu.add_argument("--time-limit", type=float, default=0.0,
+                    help="seconds of training for all --top runs together; each is cut to its share at its "
+                         "predicted step time (default 0: --epochs each)")
+    tu.add_argument("--predict-steps", type=int, default=0,
+                    help="predict from the first N batches of an epoch, extrapolated (default 0: a whole epoch)")
+    tu.add_argument("--policies", default="", help="only these policies, comma-separated (default: all)")
+    tu.add_argument("--cache-dir", default="", help="where disk rates and calibrations are kept "
+                                                     "(default $OOCGNN_CACHE or ~/.cache/oocgnn)")
+    tu.set_defaults(func=_cmd_tune)
 
     rp = sub.add_parser("report", help="time-to-accuracy CSV and plot of runs",
                         description="Combine the log.csv of run directories into one CSV and a "

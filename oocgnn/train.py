@@ -162,6 +162,9 @@ def train(cfg: TrainConfig) -> dict:
         runtime.close()
 
 
+RUN_FACTS = ("store_meta", "policy_memory", "schedule", "host", "run_id", "memory_budget_bytes")  # config.json, not settings
+
+
 def _train(cfg, run, store, plan, runtime, t_enter, device) -> dict:
     sampler = runtime.sampler
     if not cfg.resume:

@@ -1,0 +1,201 @@
+"""Which policy and knobs for this graph, budget and disk? Predict every candidate, run the best few.
+
+`tune(cfg, out)` (`oocgnn tune`) walks a grid of (policy, knobs) (`GRID`), keeps the candidates whose
+plan fits the memory budget (asked of the plan: nothing is read), predicts each one's epoch time with
+the cost model (`oocgnn.costmodel`: the simulator's exact I/O at this disk's measured rates, plus the
+calibrated CPU costs, overlapped as the policy pipelines), and trains the `top` fastest predicted ones
+for a short run each (`cfg.epochs`, cut so that all of them fit `time_limit`). The choice is the run
+that reached `cfg.target_acc` soonest (or, without a target or when none reached it, the fastest
+epoch among those within a point of the best accuracy). The run directory gets `ranking.csv` (every
+candidate: fits or why not, predicted and, for the runs, measured), `chosen.json` (a config for
+`oocgnn train --config`), `tune.json` and `predicted_vs_measured.png`.
+"""
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from .errors import UserError
+
+# knobs tried per policy; a knob's values whose plans do not fit the budget are dropped
+GRID = {
+    "inmemory": [{}],
+    "mmap": [{}],
+    "hierbatching": [{"parts_per_megabatch": n, "passes": p} for n in (4, 8, 16, 32, 64, 128, 256, 512)
+                     for p in (1.0, 2.0)],
+    "outre": [{"parts_per_macro": k} for k in (10, 20, 40)],
+    "ginex": [{"superbatch": s} for s in (4, 16, 64)],
+    "macrobatch": [{"macrobatch": k} for k in (1, 2, 4, 8)],
+    "marius": [{"ordering": o} for o in ("comet", "beta")],
+}
+MEGABATCH_KEEP = 3      # hierbatching: only the largest N_d that fit (more parts per mega-batch mix better)
+
+
+def _label(policy, knobs) -> str:
+    return policy + "".join(f" {k}={v:g}" if isinstance(v, float) else f" {k}={v}" for k, v in knobs.items())
+
+
+def candidates(store, cfg, policies=None) -> pd.DataFrame:
+    """Every (policy, knobs) of `GRID` for `cfg`'s store and budget: whether its plan fits and, if not, why."""
+    from .policies import POLICIES, make_plan
+    rows = []
+    for policy, grid in GRID.items():
+        if policy not in POLICIES or (policies and policy not in policies):
+            continue
+        for knobs in grid:
+            row = {"config": _label(policy, knobs), "policy": policy, "knobs": json.dumps(knobs)}
+            try:
+                c = cfg.replace(policy=policy, **knobs)
+                plan = make_plan(store, c)
+                if policy == "inmemory" and plan.resident_bytes() > plan.budget:
+                    raise UserError(f"inmemory holds {plan.resident_bytes() / 2**20:.0f} MiB, more than the budget")
+                if policy == "hierbatching" and not plan.rule()["holds"]:
+                    raise UserError("HierBatching App. B rule 2(r_s + r_d)(A + B) <= C does not hold")
+                row.update(fits=True, reason="", resident_bytes=int(plan.resident_bytes()))
+            except UserError as e:
+                row.update(fits=False, reason=str(e).split(";")[0], resident_bytes=0)
+            rows.append(row)
+    df = pd.DataFrame(rows)
+    hb = df[(df.policy == "hierbatching") & df.fits]
+    if len(hb):                     # keep the largest mega-batches only
+        nd = hb.knobs.map(lambda k: json.loads(k)["parts_per_megabatch"])
+        keep = set(sorted(nd.unique())[-MEGABATCH_KEEP:])
+        drop = hb.index[~nd.isin(keep)]
+        df.loc[drop, ["fits", "reason"]] = [False, "a larger N_d fits"]
+    return df.reset_index(drop=True)
+
+
+def rank(store, cfg, rates, costs, policies=None, steps=None, progress=True) -> pd.DataFrame:
+    """`candidates` with each fitting one's predicted epoch time (`costmodel.predict`, over the first
+    `steps` batches when given), fastest first."""
+    from tqdm.auto import tqdm
+    from .costmodel import predict
+    from .policies import make_plan
+    df = candidates(store, cfg, policies)
+    out = []
+    for _, row in tqdm(df.iterrows(), total=len(df), desc="predicting", disable=not progress, leave=False):
+        row = row.to_dict()
+        if row["fits"]:
+            c = cfg.replace(policy=row["policy"], **json.loads(row["knobs"]))
+            p = predict(store, make_plan(store, c), rates, costs, steps=steps)
+            row.update(predicted_s=p["epoch_s"], predicted_step_s=p["seconds"] / max(1, p["steps"]),
+                       epoch_steps=p["epoch_steps"], cpu_s=p["sample"] + p["gather"] + p["compute"],
+                       read_s=p["read"], load_s=p["load"], disk_mib=p["disk_bytes"] / 2**20,
+                       exact_io=p["exact_io"])
+        out.append(row)
+    df = pd.DataFrame(out)
+    if "predicted_s" not in df:
+        df["predicted_s"] = np.nan
+    df = df.sort_values(["fits", "predicted_s"], ascending=[False, True], na_position="last").reset_index(drop=True)
+    df.insert(0, "rank", np.where(df.fits, np.arange(1, len(df) + 1), 0))
+    return df
+
+
+def choose(measured: pd.DataFrame, target_acc=0.0) -> int:
+    """Index of the chosen run: the soonest to `target_acc`; else the fastest epoch among the runs within
+    a point of the best validation accuracy."""
+    reached = measured[measured.time_to_target_s.notna()] if target_acc else measured.iloc[:0]
+    if len(reached):
+        return int(reached.time_to_target_s.idxmin())
+    good = measured[measured.best_val_acc >= measured.best_val_acc.max() - 0.01]
+    return int(good.measured_s.idxmin())
+
+
+def tune(cfg, out, top=3, time_limit=0.0, predict_steps=None, policies=None, cache=None, progress=True,
+         log=print) -> dict:
+    """Rank every candidate under `cfg`'s budget, train the `top` fastest predicted, write the choice to
+    `out` (see the module docstring) and return {chosen, ranking, config}."""
+    from .costmodel import calibrate, measure_disk
+    from .store import open_store
+    from .train import train_fresh
+    if top < 1:
+        raise UserError(f"--top must be >= 1, got {top}")
+    if time_limit < 0:
+        raise UserError(f"--time-limit must be >= 0 seconds (0: no limit), got {time_limit}")
+    out = Path(out)
+    if out.exists() and any(out.iterdir()) and not (out / "tune.json").exists() and not (out / "ranking.csv").exists():
+        raise UserError(f"{out} holds other files; give --out a new or a tune directory")
+    out.mkdir(parents=True, exist_ok=True)
+    store = open_store(cfg.store)
+    t0 = time.perf_counter()
+    rates = measure_disk(store, cache=cache)
+    log(f"disk: {rates.seq_bytes_s / 1e6:.0f} MB/s sequential, {rates.iops:,.0f} random 4 KiB reads/s in flight, "
+        f"{rates.iops_qd1:,.0f}/s one at a time")
+    costs = calibrate(store, cfg, cache=cache)
+    log(f"calibrated {cfg.model} (hidden {cfg.hidden}, fanouts {cfg.fanouts}, batch {cfg.batch_size}) "
+        f"on {costs.steps} in-memory steps")
+    ranking = rank(store, cfg, rates, costs, policies, predict_steps, progress)
+    fits = ranking[ranking.fits]
+    if fits.empty:
+        ranking.to_csv(out / "ranking.csv", index=False)
+        raise UserError(f"no candidate fits --memory-budget {cfg.memory_budget} (see {out / 'ranking.csv'})")
+    log(f"{len(fits)} of {len(ranking)} candidates fit {cfg.memory_budget}; predicted epoch seconds:")
+    for _, r in fits.iterrows():
+        log(f"  {r['rank']:>3}. {r.config:<44} {r.predicted_s:8.2f} s")
+    runs = []
+    for i in fits.index[:top]:
+        r = ranking.loc[i]
+        steps = int(r.epoch_steps * cfg.epochs)
+        if time_limit:
+            steps = min(steps, max(1, math.floor(time_limit / min(top, len(fits)) / r.predicted_step_s)))
+        c = cfg.replace(policy=r.policy, **json.loads(r.knobs), max_steps=steps if steps < r.epoch_steps * cfg.epochs else 0, out=str(out / "runs" / r.config.replace(" ", "_").replace("=", "")), force=True,
+                        progress=False, resume="", checkpoint_every=0)
+        log(f"training {r.config} for {steps} steps ...")
+        s = train_fresh(c)
+        ranking.loc[i, ["measured_s", "best_val_acc", "test_at_best_val", "time_to_target_s", "run_dir"]] = \
+            [s["epoch_s"], s["best_val_acc"], s["test_at_best_val"], s["time_to_target_s"], s["run_dir"]]
+        ranking.loc[i, "ratio"] = r.predicted_s / s["epoch_s"]
+        runs.append(i)
+        log(f"  measured {s['epoch_s']:.2f} s/epoch (predicted {r.predicted_s:.2f}), best val {s['best_val_acc']:.4f}"
+            + (f", target in {s['time_to_target_s']:.1f} s" if s["time_to_target_s"] is not None else ""))
+    measured = ranking.loc[runs].copy()
+    measured["time_to_target_s"] = pd.to_numeric(measured["time_to_target_s"])
+    chosen = choose(measured, cfg.target_acc)
+    ranking["chosen"] = ranking.index == chosen
+    pick = ranking.loc[chosen]
+    config = cfg.replace(policy=pick.policy, **json.loads(pick.knobs), out="", force=False, resume="",
+                         max_steps=0).to_dict()
+    config.pop("memory_budget_bytes", None)
+    (out / "chosen.json").write_text(json.dumps(config, indent=1))
+    ranking.to_csv(out / "ranking.csv", index=False)
+    summary = {"chosen": pick.config, "store": str(store.path), "memory_budget": cfg.memory_budget,
+               "target_acc": cfg.target_acc, "time_limit": time_limit, "top": top, "seconds": time.perf_counter() - t0,
+               "disk": rates.__dict__, "calibration": costs.__dict__,
+               "measured": ranking.loc[runs, ["config", "predicted_s", "measured_s", "ratio", "best_val_acc",
+                                              "time_to_target_s"]].to_dict("records")}
+    (out / "tune.json").write_text(json.dumps(summary, indent=1, default=str))
+    _figure(ranking, out / "predicted_vs_measured.png", f"{Path(store.path).name}, budget {cfg.memory_budget}")
+    log(f"chose {pick.config}: wrote {out / 'chosen.json'}, ranking.csv, tune.json; "
+        f"train it with `oocgnn train --config {out / 'chosen.json'}`")
+    return {"chosen": pick.config, "ranking": ranking, "config": config, "out": str(out)}
+
+
+def _figure(ranking, path, title):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from .plots import save_figure
+    fits = ranking[ranking.fits]
+    fig, ax = plt.subplots(figsize=(8, max(2.5, 0.28 * len(fits))))
+    y = np.arange(len(fits))[::-1]
+    ax.barh(y, fits.predicted_s, color="tab:blue", alpha=0.6, label="predicted")
+    if "measured_s" in fits:
+        m = fits.measured_s.notna()
+        ax.scatter(fits.measured_s[m], y[m.to_numpy()], color="tab:orange", zorder=3, label="measured")
+    if "chosen" in fits:
+        for yy, c in zip(y, fits.chosen):
+            if c:
+                ax.annotate("chosen", (0, yy), xytext=(3, 0), textcoords="offset points", va="center", fontsize=8)
+    ax.set_yticks(y, fits.config, fontsize=8)
+    ax.set_xlabel("epoch seconds")
+    ax.set_title(f"tune: {title}")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3, axis="x")
+    fig.tight_layout()
+    save_figure(fig, path)
+    plt.close(fig)

@@ -1,0 +1,88 @@
+"""`oocgnn tune`: candidates that fit, the choice rule, the run directory it writes, and `train --config`."""
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from oocgnn.cli import main
+from oocgnn.config import TrainConfig
+from oocgnn.policies import make_plan
+from oocgnn.tune import candidates, choose
+
+
+def _cfg(store, **kw):
+    return TrainConfig.create(store=str(store.path), batch_size=64, fanouts="5,5", progress=False,
+                              max_eval_nodes=64, **kw)
+
+
+def test_candidates_fit_the_budget_or_say_why(fennel16):
+    cfg = _cfg(fennel16, memory_budget="2MB")
+    df = candidates(fennel16, cfg)
+    assert df.fits.any() and (~df.fits).any()
+    for _, r in df.iterrows():
+        if r.fits:
+            plan = make_plan(fennel16, cfg.replace(policy=r.policy, **json.loads(r.knobs)))
+            assert plan.resident_bytes() <= plan.budget, r.config
+        else:
+            assert r.reason, r.config
+    assert not df[df.policy == "inmemory"].fits.any()          # 2.5 MiB of features: not in 2 MB
+    hb = df[(df.policy == "hierbatching") & df.fits]
+    assert hb.knobs.map(lambda k: json.loads(k)["parts_per_megabatch"]).nunique() <= 3
+
+
+def test_candidates_only_the_policies_asked(fennel16):
+    df = candidates(fennel16, _cfg(fennel16, memory_budget="2MB"), policies=["mmap", "outre"])
+    assert set(df.policy) == {"mmap", "outre"}
+
+
+def test_choose():
+    m = pd.DataFrame({"measured_s": [1.0, 2.0, 0.5], "best_val_acc": [0.80, 0.81, 0.70],
+                      "time_to_target_s": [np.nan, 3.0, 1.0]}, index=[4, 7, 9])
+    assert choose(m, target_acc=0.7) == 9                      # soonest to the target
+    assert choose(m) == 4                                      # no target: fastest within a point of the best
+    assert choose(m.assign(time_to_target_s=np.nan), target_acc=0.9) == 4
+
+
+@pytest.mark.slow
+def test_tune_writes_a_choice_that_trains(fennel16, tmp_path, capsys):
+    out = tmp_path / "tune"
+    rc = main(["tune", str(fennel16.path), "--memory-budget", "2MB", "--epochs", "1", "--top", "2",
+               "--batch-size", "256", "--fanouts", "5,5", "--max-eval-nodes", "64", "--no-progress",
+               "--policies", "mmap,outre,hierbatching", "--out", str(out), "--cache-dir", str(tmp_path / "cache")])
+    assert rc == 0, capsys.readouterr().err
+    ranking = pd.read_csv(out / "ranking.csv")
+    assert ranking.chosen.sum() == 1 and ranking.measured_s.notna().sum() == 2
+    fits = ranking[ranking.fits]
+    assert (fits.predicted_s.diff().dropna() >= 0).all()       # ranked by predicted epoch time
+    assert ranking.loc[ranking.chosen, "measured_s"].notna().all()   # the choice was measured
+    chosen = json.loads((out / "chosen.json").read_text())
+    assert chosen["memory_budget"] == "2MB" and chosen["out"] == ""
+    assert (out / "predicted_vs_measured.png").stat().st_size > 0
+    assert json.loads((out / "tune.json").read_text())["chosen"] == ranking.loc[ranking.chosen, "config"].item()
+    run = tmp_path / "run"
+    assert main(["train", "--config", str(out / "chosen.json"), "--out", str(run), "--no-progress"]) == 0
+    config = json.loads((run / "config.json").read_text())
+    assert config["policy"] == chosen["policy"] and config[chosen["policy"]] == chosen[chosen["policy"]]
+
+
+def test_train_config_file_and_overrides(fennel16, tmp_path, capsys):
+    first = tmp_path / "a"
+    assert main(["train", str(fennel16.path), "--policy", "hierbatching", "--parts-per-megabatch", "4",
+                 "--epochs", "1", "--batch-size", "256", "--max-eval-nodes", "64", "--memory-budget", "8MB",
+                 "--out", str(first), "--no-progress"]) == 0
+    again = tmp_path / "b"
+    assert main(["train", "--config", str(first / "config.json"), "--passes", "1", "--out", str(again)]) == 0
+    a, b = (json.loads((d / "config.json").read_text()) for d in (first, again))
+    assert b["hierbatching"] == {**a["hierbatching"], "passes": 1.0}
+    skip = ("hierbatching", "out", "run_id", "schedule", "host")
+    assert {k: v for k, v in b.items() if k not in skip} == {k: v for k, v in a.items() if k not in skip}
+
+
+def test_train_config_errors(tmp_path, capsys):
+    assert main(["train"]) == 2 and "give a STORE" in capsys.readouterr().err
+    assert main(["train", "--config", str(tmp_path / "none.json")]) == 2 and "no such file" in capsys.readouterr().err
+    (tmp_path / "bad.json").write_text("[1, 2]")
+    assert main(["train", "--config", str(tmp_path / "bad.json")]) == 2 and "JSON object" in capsys.readouterr().err
+    (tmp_path / "typo.json").write_text('{"store": "x", "pases": 2}')
+    assert main(["train", "--config", str(tmp_path / "typo.json")]) == 2 and "pases" in capsys.readouterr().err
