@@ -126,3 +126,54 @@ def plot_prediction(df: pd.DataFrame, title="", tolerance=0.2):
     bx.grid(alpha=0.3)
     fig.tight_layout()
     return fig
+
+
+def plot_policy_map(pm: pd.DataFrame, measured: pd.DataFrame | None = None, graph_label="graph"):
+    """`tune.policy_map`'s answer as a map: per graph (rows) and budget (columns), the cell coloured by the
+    predicted best policy and labelled with its knobs and epoch seconds (and, where `measured` has the cell,
+    the measured best, marked ✓ when it agrees); beside it, each policy's best predicted epoch time against
+    the budget, one line style per graph."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+    graphs, fractions = list(dict.fromkeys(pm["graph"])), sorted(pm["fraction"].unique())
+    policies = sorted(pm["policy"].unique())
+    colours = {p: plt.cm.tab10(i % 10) for i, p in enumerate(policies)}
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(13, 1.2 + 1.1 * len(graphs)), gridspec_kw={"width_ratios": [3, 2]})
+    for i, g in enumerate(graphs):
+        for j, f in enumerate(fractions):
+            cell = pm[(pm["graph"] == g) & (pm["fraction"] == f)]
+            if cell.empty:
+                continue
+            best = cell.loc[cell["predicted_s"].idxmin()]
+            ax.add_patch(plt.Rectangle((j - 0.5, i - 0.5), 1, 1, color=colours[best["policy"]], alpha=0.45))
+            text = f"{best['config']}\n{best['predicted_s']:.2f} s"
+            if measured is not None:
+                m = measured[(measured["graph"] == g) & (measured["fraction"] == f)]
+                if len(m):
+                    top = m.loc[m["measured_s"].idxmin()]
+                    text += f"\nmeasured: {top['config'].split()[0]} {top['measured_s']:.2f} s" + \
+                        (" ✓" if top["config"] == best["config"] else "")
+            ax.text(j, i, text, ha="center", va="center", fontsize=7)
+    ax.set_xlim(-0.5, len(fractions) - 0.5)
+    ax.set_ylim(len(graphs) - 0.5, -0.5)
+    ax.set_xticks(range(len(fractions)), [f"{f:.0%}" for f in fractions])
+    ax.set_yticks(range(len(graphs)), [str(g) for g in graphs])
+    ax.set_xlabel("memory budget (share of the feature file)")
+    ax.set_ylabel(graph_label)
+    ax.set_title("predicted best policy per graph and budget")
+    ax.grid(False)
+    styles = ["-", "--", ":", "-."]
+    for i, g in enumerate(graphs):
+        sub = pm[pm["graph"] == g].groupby(["policy", "fraction"])["predicted_s"].min().reset_index()
+        for p, line in sub.groupby("policy"):
+            bx.plot(line["fraction"], line["predicted_s"], styles[i % 4], marker="o", ms=3, color=colours[p],
+                    label=p if i == 0 else None)
+    bx.set_xscale("log")
+    bx.set_yscale("log")
+    bx.set_xlabel("memory budget (share of the feature file)")
+    bx.set_ylabel("predicted epoch seconds (best knobs)")
+    bx.set_title(f"each policy's best; line style: {graph_label} " + ", ".join(
+        f"{g} {styles[i % 4]}" for i, g in enumerate(graphs)), fontsize=9)
+    bx.legend(fontsize=7)
+    fig.tight_layout()
+    return fig

@@ -4,7 +4,8 @@
 plan fits the memory budget (asked of the plan: nothing is read), predicts each one's epoch time with
 the cost model (`oocgnn.costmodel`: the simulator's exact I/O at this disk's measured rates, plus the
 calibrated CPU costs, overlapped as the policy pipelines), and trains the `top` fastest predicted ones
-for a short run each (`cfg.epochs`, cut so that all of them fit `time_limit`). The choice is the run
+for a short run each — the fastest knobs of the `top` fastest predicted policies, since what the cost
+model cannot see is accuracy — for `cfg.epochs`, cut so that all of them fit `time_limit`. The choice is the run
 that reached `cfg.target_acc` soonest (or, without a target or when none reached it, the fastest
 epoch among those within a point of the best accuracy). The run directory gets `ranking.csv` (every
 candidate: fits or why not, predicted and, for the runs, measured), `chosen.json` (a config for
@@ -21,6 +22,7 @@ import numpy as np
 import pandas as pd
 
 from .errors import UserError
+from .units import parse_size
 
 # knobs tried per policy; a knob's values whose plans do not fit the budget are dropped
 GRID = {
@@ -137,8 +139,8 @@ def tune(cfg, out, top=3, time_limit=0.0, predict_steps=None, policies=None, cac
     log(f"{len(fits)} of {len(ranking)} candidates fit {cfg.memory_budget}; predicted epoch seconds:")
     for _, r in fits.iterrows():
         log(f"  {r['rank']:>3}. {r.config:<44} {r.predicted_s:8.2f} s")
-    runs = []
-    for i in fits.index[:top]:
+    runs, first = [], fits.drop_duplicates("policy").index[:top]   # each policy's fastest knobs
+    for i in first:
         r = ranking.loc[i]
         steps = int(r.epoch_steps * cfg.epochs)
         if time_limit:
@@ -199,3 +201,22 @@ def _figure(ranking, path, title):
     fig.tight_layout()
     save_figure(fig, path)
     plt.close(fig)
+
+
+def policy_map(stores: dict, fractions, cfg, policies=None, steps=None, cache=None, progress=True) -> pd.DataFrame:
+    """The predicted best policy per (graph, budget): `stores` maps a label (e.g. the graph's mixing) to a
+    store, `fractions` are budgets as fractions of each store's feature file. One row per fitting candidate
+    and cell, ranked within the cell (`rank`); `best` marks each cell's fastest."""
+    from .costmodel import calibrate, measure_disk
+    out = []
+    for label, store in stores.items():
+        rates = measure_disk(store, cache=cache)
+        c = cfg.replace(store=str(store.path))
+        costs = calibrate(store, c, cache=cache)
+        for f in fractions:
+            budget = f"{int(f * store.num_nodes * store.row_stride)}B"
+            df = rank(store, c.replace(memory_budget=budget), rates, costs, policies, steps, progress)
+            df = df[df.fits].assign(graph=label, fraction=f, budget_bytes=parse_size(budget))
+            df["best"] = df["rank"] == df["rank"].min()
+            out.append(df)
+    return pd.concat(out, ignore_index=True)
