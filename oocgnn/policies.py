@@ -380,15 +380,15 @@ class OutrePlan(Plan):
 
     def _auto_split(self, share) -> float:
         """α* of OUTRE Eq. 5 over `share` bytes, and the histories it buys (none with the MLP, one layer,
-        or no room). The caches are chosen from `profile` (sampling seed + 1) and their savings counted
-        on `held_out` (seed + 2: counted on the epoch that chose them, they look ~10% better than they
-        are): saved_feat = accesses; saved_hist = the rows the top-k histories would spare (each row
-        charged to its last-ranked reacher, not OUTRE's first discoverer, which counts rows that other
-        hop-1 nodes still need) at the meetings that would hit over the run's epochs (`history_reuse`:
-        OUTRE counts every meeting, but the first in a staleness window pushes and spares nothing); the
-        rows both structures would save count once (`overlap`). Each structure is ranked as the plan ranks it (the feature
-        cache by degree or accesses, histories by importance or degree); d_embed counts a slot's stamp
-        and size_tab the histories' slot table (N·4), as `memory()` does."""
+        or no room). The caches are chosen on `profile` (sampling seed + 1) and their savings counted on
+        `held_out` (seed + 2: on the epoch that chose them they look ~10% better than they are), each
+        ranked as the plan ranks it (the feature cache by degree or accesses, histories by importance
+        or degree): saved_feat = accesses; saved_hist = the rows the top-k histories would spare (each
+        row charged to its last-ranked reacher, not to OUTRE's first discoverer, which counts rows other
+        hop-1 nodes still need), at the meetings that would hit over the run's epochs (`history_reuse`:
+        OUTRE counts every meeting, but the first in a staleness window pushes and spares nothing); rows
+        both would save count once (`overlap`). d_embed counts a slot's stamp and size_tab the
+        histories' slot table (N·4), as `memory()` does."""
         from .redundancy import choose_history_split, history_reuse
         o, n = self.options, self.store.num_nodes
         if self.cfg.model == "mlp" or len(self.fanouts) < 2 or share <= 4 * n:
@@ -399,7 +399,8 @@ class OutrePlan(Plan):
         dim = self._history_dim()
         alpha, self.split_table = choose_history_split(
             held["accesses"].to_numpy(), np.bincount(owner, reuse, n), share, self.store.row_bytes, dim * 4 + 8,
-            table_hist=4 * n, feat_score=self.store.degrees() if o.feature_cache == "degree" else prof["accesses"],
+            table_hist=4 * n,
+            feat_score=self.store.degrees() if o.feature_cache == "degree" else prof["accesses"].to_numpy(),
             hist_score=prof["history_score"].to_numpy(), overlap=(owner, met.pair_row, reuse))
         count = int(self.split_table.loc[self.split_table["alpha"] == alpha, "history_rows"].iloc[0])
         if count > 0:

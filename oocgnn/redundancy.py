@@ -252,15 +252,15 @@ def choose_history_split(saved_feat, saved_hist, budget, d_feat, d_embed, table_
     cache, that maximises the profiled reads the two save:
 
         benefit(α) = Σ top-k_f(α) saved_feat + Σ top-k_h(α) saved_hist,
-        k_f = ⌊(B(1−α) − table_feat) / d_feat⌋,  k_h = ⌊(Bα − table_hist) / d_embed⌋,  both clipped to [0, N],
+        k_f = ⌊(B(1−α) − table_feat) / d_feat⌋,  k_h = ⌊(Bα − table_hist) / d_embed⌋,  clipped to [0, N],
 
     over α ∈ {0, step, …, 1}, from prefix sums of the per-node savings in the caches' order (highest
     `feat_score` / `hist_score` first, ties by smaller id; default the savings themselves, as OUTRE
     ranks). `overlap`: (u, v, w): reads of row v that u's history saves, w times each (`Meetings`
     pairs, weighted by `history_reuse`); those with u among the histories and v among the cached rows
-    are saved once, not twice (inclusion–exclusion, subtracted as `both`; Eq. 5 counts them twice). Returns (α*, table):
-    one row per α with feature_rows, history_rows, saved_feat, saved_hist, both and benefit; ties go to
-    the smaller α (fewer histories, less staleness)."""
+    are saved once, not twice (inclusion–exclusion, subtracted as `both`; Eq. 5 counts them twice).
+    Returns (α*, table): one row per α with feature_rows, history_rows, saved_feat, saved_hist, both
+    and benefit; ties go to the smaller α (fewer histories, less staleness)."""
     def prefix(saved, score):
         saved = np.asarray(saved, dtype=np.float64)
         return np.concatenate(([0.0], np.cumsum(saved[_order(saved, score)])))   # [N+1]: saved by the top k
