@@ -108,6 +108,9 @@ def _cmd_train(args):
         print(f"  buffer: {b['ordering']}, c={b['c']} of p={b['p']} partitions" + (f", l={b['l']}" if b["l"] else "")
               + f", {b['states_loaded']} of {b['states_per_epoch']} states loaded in epoch 0 (states without "
               "training nodes are skipped)")
+    if "cache_split" in s:
+        print(f"  cache split: alpha {s['cache_split']:.2f}{' (auto, OUTRE Eq. 5)' if s['cache_split_auto'] else ''}: "
+              f"{s['history_rows']:,} history rows, {s['cache_rows']:,} feature cache rows")
 
 
 def _cmd_tune(args):
@@ -149,7 +152,8 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
-_TYPES = {"int": (int, "N"), "float": (float, "X"), "str": (str, "TEXT")}
+_TYPES = {"int": (int, "N"), "float": (float, "X"), "str": (str, "TEXT"),
+          "float | str": (str, "X|auto")}       # a number or a word: the setting's dataclass parses it
 
 
 def _add_settings(parser, exclude=()):

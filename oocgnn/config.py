@@ -113,7 +113,8 @@ class TrainConfig:
         if not (0 <= self.neighbour_cache_ratio <= 1 or self.neighbour_cache_ratio == -1):
             raise UserError(f"neighbour_cache_ratio is a fraction in [0, 1] (or -1: the policy's default), "
                             f"got {self.neighbour_cache_ratio}")
-        if self.policy == "outre" and self.outre.history_ratio > 0 and self.model == "mlp":
+        if self.policy == "outre" and self.outre.history_ratio != "auto" and self.outre.history_ratio > 0 \
+                and self.model == "mlp":      # auto gives the MLP no histories
             raise UserError("historical embeddings need a GNN (the MLP has no layer L-1 inputs)")
 
     @property

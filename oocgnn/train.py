@@ -339,6 +339,9 @@ def _train(cfg, run, store, plan, runtime, t_enter, device) -> dict:
         summary["hierbatching_rule"] = plan.rule()
     if plan.partition_buffer:
         summary["buffer"] = plan.buffer()
+    if getattr(plan, "split", None):            # OUTRE §4.4: the budget's split, auto or from --history-ratio
+        summary.update(cache_split=plan.split["cache_split"], cache_split_auto=plan.split["auto"],
+                       history_rows=plan.split["history_rows"], cache_rows=plan.split["cache_rows"])
     run.write_json("summary.json", summary)
     return {**summary, "run_dir": str(run.path), "log": log}
 

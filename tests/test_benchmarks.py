@@ -33,6 +33,8 @@ def _run(path, *args, timeout=900):
 
 
 SMOKE = {   # toy settings of each benchmark; tmp is a fresh directory
+    "cache_split": lambda tmp: ["--preset", "tiny", "--parts", 16, "--budgets", "1MB", "--epochs", 1,
+                                "--batch-size", 64, "--parts-per-macro", 4, "--data", tmp],
     "cache": lambda tmp: ["--nodes", 20_000, "--iterations", 40, "--size", 800, "--sizes", "2,4",
                           "--prefix", 10, "--horizon", 10, "--reps", 1, "--cache-dir", tmp],
     "io": lambda tmp: ["--size", "32MiB", "--dir", tmp, "--rows", 2048, "--ios", 2048, "--range-mib", 4,
