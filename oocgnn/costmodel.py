@@ -35,7 +35,7 @@ import pandas as pd
 from .errors import UserError
 from .io import PAGE
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2
 
 
 def cache_dir(path=None) -> Path:
@@ -179,34 +179,36 @@ def _calibration_key(store, cfg) -> str:
     return "|".join(map(str, parts))
 
 
-def _fit(steps, units, seconds):
-    """(per step, per unit) seconds through two or more (steps, units, seconds) runs: least squares,
-    neither negative."""
-    a = np.column_stack([steps, units]).astype(float)
-    y = np.asarray(seconds, float)
-    if len(y) < 2:
-        return 0.0, float(y.sum() / max(a[:, 1].sum(), 1e-12))
-    c, *_ = np.linalg.lstsq(a, y, rcond=None)
-    if c[0] < 0:
-        c = np.array([0.0, y.sum() / max(a[:, 1].sum(), 1e-12)])
-    elif c[1] < 0:
-        c = np.array([y.sum() / a[:, 0].sum(), 0.0])
-    return float(c[0]), float(c[1])
+def _fit(units, seconds, runs):
+    """(per step, per unit) seconds from per-step points of runs at different batch sizes: the line through
+    each run's median units and median seconds (medians: a step the machine's load slowed does not move
+    them); neither cost negative."""
+    p = pd.DataFrame({"x": np.asarray(units, float), "y": np.asarray(seconds, float), "run": np.asarray(runs)})
+    m = p.groupby("run")[["x", "y"]].median()
+    if len(m) < 2 or np.ptp(m["x"]) == 0:
+        return 0.0, float(m["y"].sum() / max(m["x"].sum(), 1e-12))
+    slope, intercept = np.polyfit(m["x"], m["y"], 1)
+    if intercept < 0:
+        return 0.0, float(m["y"].sum() / m["x"].sum())
+    if slope < 0:
+        return float(m["y"].median()), 0.0
+    return float(intercept), float(slope)
 
 
 def calibrate(store, cfg, steps=24, cache=None, refresh=False) -> StepCosts:
     """Per-batch CPU costs of `cfg`'s model and sampler on this machine: after a warm-up, two short runs with
     every row in memory (`inmemory`, `steps` steps each, no evaluation but at the start), at the batch size
-    and at a quarter of it, whose stage seconds, against what the simulator counts for the same batches, give
-    each stage's cost per step and per unit. Cached per store, model and settings."""
+    and at a quarter of it, whose per-step stage seconds (steps.csv), against what the simulator counts for
+    the same batches, give each stage's cost per step and per unit (`_fit`: through the runs' medians). Cached per store, model and
+    settings."""
     from .policies import make_plan
     from .simulate import simulate
-    from .train import train
+    from .train import WARMUP_STEPS, train
     key, file = _calibration_key(store, cfg), cache_dir(cache) / "calibration.json"
     saved = _load(file)
     if key in saved and not refresh:
         return StepCosts(**saved[key])
-    obs = []
+    points = []
     with tempfile.TemporaryDirectory(prefix="oocgnn-calibrate-") as tmp:
         def run(b, k):
             return cfg.replace(store=str(store.path), policy="inmemory", epochs=k, max_steps=k, eval_every=0,
@@ -214,16 +216,18 @@ def calibrate(store, cfg, steps=24, cache=None, refresh=False) -> StepCosts:
                                checkpoint_every=0, resume="", target_acc=0.0, batch_size=b)
         train(run(cfg.batch_size, 3))          # warm-up: compiled kernels, thread pools, the page cache
         for b in sorted({cfg.batch_size, max(1, cfg.batch_size // 4)}):
-            run_cfg = run(b, steps)
+            run_cfg = run(b, steps + WARMUP_STEPS)
             summary = train(run_cfg)
             df = simulate(store, make_plan(store, run_cfg), epochs=run_cfg.epochs, progress=False,
                           steps=summary["steps"])
-            st = summary["stage_s"]
-            obs.append((len(df), _expanded(df).sum(), df["input_nodes"].sum(), st.get("sample", 0.0),
-                        st.get("gather", 0.0), st.get("compute", 0.0) + st.get("h2d", 0.0)))
-    n, expanded, rows, sample, gather, compute = (np.array(v, float) for v in zip(*obs))
-    (s0, s1), (g0, g1), (c0, c1) = _fit(n, expanded, sample), _fit(n, rows, gather), _fit(n, rows, compute)
-    costs = StepCosts(s1, g1, c1, s0, g0, c0, int(n.sum()), key)
+            measured = pd.read_csv(Path(summary["run_dir"]) / "steps.csv")
+            points.append(pd.DataFrame({"run": b, "expanded": _expanded(df), "rows": df["input_nodes"].to_numpy(float),
+                                        **{k: measured[f"{k}_s"].to_numpy() for k in ("sample", "gather", "compute")}}
+                                       ).iloc[WARMUP_STEPS:])
+    p = pd.concat(points, ignore_index=True)
+    (s0, s1), (g0, g1), (c0, c1) = (_fit(p["expanded"], p["sample"], p["run"]), _fit(p["rows"], p["gather"], p["run"]),
+                                    _fit(p["rows"], p["compute"], p["run"]))
+    costs = StepCosts(s1, g1, c1, s0, g0, c0, len(p), key)
     saved[key] = asdict(costs)
     _save(file, saved)
     return costs

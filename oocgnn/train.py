@@ -40,7 +40,8 @@ from .units import format_size, peak_rss, reset_peak_rss
 
 LOG_COLUMNS = ["wall_s", "epoch", "step", "train_loss", "val_acc", "test_acc",
                "bytes_read", "requests", "peak_rss"]
-STEP_COLUMNS = ["epoch", "batch", "seconds", "bytes_read", "pages", "requests", "io_seconds"]
+STEP_COLUMNS = ["epoch", "batch", "seconds", "bytes_read", "pages", "requests", "io_seconds",
+                "sample_s", "gather_s", "compute_s"]      # the step's foreground stages (compute: with h2d)
 WARMUP_STEPS = 2
 
 
@@ -267,7 +268,7 @@ def _train(cfg, run, store, plan, runtime, t_enter, device) -> dict:
         walk = runtime.walk(steps, timers.timed("sample", sampler.sample),
                             before=timers.timed("load", lambda i, step: runtime.before(step, next_load[i])),
                             start=start)
-        io0, t0 = runtime.io(), time.perf_counter()
+        io0, t0, stage0 = runtime.io(), time.perf_counter(), dict(timers.s)
         for i, epoch, b, step, sample in walk:     # loads the step's ranges, then samples its batch
             with timers("gather"):
                 x, ctx = runtime.inputs(sample, i)
@@ -285,7 +286,9 @@ def _train(cfg, run, store, plan, runtime, t_enter, device) -> dict:
             step_s = time.perf_counter() - t0
             st["train_s"] += step_s
             sio = runtime.io() - io0
-            step_rows.append((epoch, b, step_s, sio.bytes_read, sio.pages, sio.requests, sio.seconds))
+            spent = {k: timers.s.get(k, 0.0) - stage0.get(k, 0.0) for k in ("sample", "gather", "h2d", "compute")}
+            step_rows.append((epoch, b, step_s, sio.bytes_read, sio.pages, sio.requests, sio.seconds,
+                              spent["sample"], spent["gather"], spent["h2d"] + spent["compute"]))
             bar.update()
             if i + 1 == WARMUP_STEPS:
                 runtime.end_warmup()               # e.g. mmap: cap at budget + measured working set
@@ -297,7 +300,7 @@ def _train(cfg, run, store, plan, runtime, t_enter, device) -> dict:
             if cfg.checkpoint_every and (i + 1) % cfg.checkpoint_every == 0 and i + 1 < len(steps):
                 checkpoint(i + 1)
             steps[i] = next_load[i] = None         # a finished group's visible set can go
-            io0, t0 = runtime.io(), time.perf_counter()
+            io0, t0, stage0 = runtime.io(), time.perf_counter(), dict(timers.s)
         if len(steps) < WARMUP_STEPS:
             runtime.end_warmup()
         add_losses(losses.flush())

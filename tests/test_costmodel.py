@@ -41,11 +41,16 @@ def test_measure_disk_is_cached_per_device(fennel16, tmp_path, monkeypatch):
 
 
 def test_fit_recovers_step_and_unit_costs():
-    steps, units = np.array([20, 24]), np.array([20_000, 6_000])
-    assert costmodel._fit(steps, units, 0.002 * steps + 3e-7 * units) == pytest.approx((0.002, 3e-7))
-    assert costmodel._fit([10], [1000], [1.0]) == (0.0, pytest.approx(1e-3))     # one point: per unit only
-    assert costmodel._fit(steps, units, [1.0, 0.1]) == (0.0, pytest.approx(1.1 / 26_000))   # constant < 0
-    assert costmodel._fit(steps, units, [0.001, 0.5]) == (pytest.approx(0.501 / 44), 0.0)   # unit cost < 0
+    units = np.repeat([1000.0, 4000.0], 21) + np.tile(np.arange(21) * 10.0, 2)
+    runs = np.repeat([0, 1], 21)
+    seconds = 0.002 + 3e-7 * units
+    assert costmodel._fit(units, seconds, runs) == pytest.approx((0.002, 3e-7))
+    slowed = seconds.copy()
+    slowed[[3, 5, 25, 30]] *= 5                              # steps the machine's load slowed
+    assert costmodel._fit(units, slowed, runs) == pytest.approx((0.002, 3e-7), rel=0.01)
+    assert costmodel._fit([1000, 1000], [1.0, 1.0], [0, 0]) == (0.0, pytest.approx(1e-3))   # one run: per unit
+    assert costmodel._fit([1000, 4000], [1.0, 0.1], [0, 1]) == (pytest.approx(0.55), 0.0)    # per unit < 0
+    assert costmodel._fit([1000, 4000], [0.1, 1.0], [0, 1]) == (0.0, pytest.approx(1.1 / 5000))   # constant < 0
 
 
 def test_batch_seconds_adds_the_constant(fennel16):
