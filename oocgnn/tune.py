@@ -108,13 +108,39 @@ def choose(measured: pd.DataFrame, target_acc=0.0) -> int:
     return int(good.measured_s.idxmin())
 
 
+def run_candidates(cfg, ranking, which, out, seconds=0.0, log=print) -> pd.DataFrame:
+    """Train the candidates `which` (index labels of a `rank` frame) for `cfg.epochs` each, in fresh
+    processes, each cut to about `seconds` at its predicted step time when given; `ranking` with their
+    measured epoch seconds, predicted/measured ratio, accuracies and time to `cfg.target_acc` filled in."""
+    from .train import train_fresh
+    ranking = ranking.copy()
+    for col in ("measured_s", "ratio", "best_val_acc", "test_at_best_val", "time_to_target_s"):
+        ranking[col] = ranking.get(col, np.nan)
+    ranking["run_dir"] = ranking.get("run_dir", "")
+    for i in which:
+        r = ranking.loc[i]
+        full = int(r.epoch_steps * cfg.epochs)
+        steps = min(full, max(1, math.floor(seconds / r.predicted_step_s))) if seconds else full
+        c = cfg.replace(policy=r.policy, **json.loads(r.knobs), max_steps=steps if steps < full else 0,
+                        out=str(Path(out) / r.config.replace(" ", "_").replace("=", "")), force=True,
+                        progress=False, resume="", checkpoint_every=0)
+        log(f"training {r.config} for {steps} steps ...")
+        s = train_fresh(c)
+        ranking.loc[i, ["measured_s", "ratio", "best_val_acc", "test_at_best_val", "time_to_target_s"]] = [
+            s["epoch_s"], r.predicted_s / s["epoch_s"], s["best_val_acc"], s["test_at_best_val"],
+            np.nan if s["time_to_target_s"] is None else s["time_to_target_s"]]
+        ranking.loc[i, "run_dir"] = s["run_dir"]
+        log(f"  measured {s['epoch_s']:.2f} s/epoch (predicted {r.predicted_s:.2f}), best val {s['best_val_acc']:.4f}"
+            + (f", target in {s['time_to_target_s']:.1f} s" if s["time_to_target_s"] is not None else ""))
+    return ranking
+
+
 def tune(cfg, out, top=3, time_limit=0.0, predict_steps=None, policies=None, cache=None, progress=True,
          log=print) -> dict:
     """Rank every candidate under `cfg`'s budget, train the `top` fastest predicted, write the choice to
     `out` (see the module docstring) and return {chosen, ranking, config}."""
     from .costmodel import calibrate, measure_disk
     from .store import open_store
-    from .train import train_fresh
     if top < 1:
         raise UserError(f"--top must be >= 1, got {top}")
     if time_limit < 0:
@@ -139,25 +165,10 @@ def tune(cfg, out, top=3, time_limit=0.0, predict_steps=None, policies=None, cac
     log(f"{len(fits)} of {len(ranking)} candidates fit {cfg.memory_budget}; predicted epoch seconds:")
     for _, r in fits.iterrows():
         log(f"  {r['rank']:>3}. {r.config:<44} {r.predicted_s:8.2f} s")
-    runs, first = [], fits.drop_duplicates("policy").index[:top]   # each policy's fastest knobs
-    for i in first:
-        r = ranking.loc[i]
-        steps = int(r.epoch_steps * cfg.epochs)
-        if time_limit:
-            steps = min(steps, max(1, math.floor(time_limit / min(top, len(fits)) / r.predicted_step_s)))
-        c = cfg.replace(policy=r.policy, **json.loads(r.knobs), max_steps=steps if steps < r.epoch_steps * cfg.epochs else 0, out=str(out / "runs" / r.config.replace(" ", "_").replace("=", "")), force=True,
-                        progress=False, resume="", checkpoint_every=0)
-        log(f"training {r.config} for {steps} steps ...")
-        s = train_fresh(c)
-        ranking.loc[i, ["measured_s", "best_val_acc", "test_at_best_val", "time_to_target_s", "run_dir"]] = \
-            [s["epoch_s"], s["best_val_acc"], s["test_at_best_val"], s["time_to_target_s"], s["run_dir"]]
-        ranking.loc[i, "ratio"] = r.predicted_s / s["epoch_s"]
-        runs.append(i)
-        log(f"  measured {s['epoch_s']:.2f} s/epoch (predicted {r.predicted_s:.2f}), best val {s['best_val_acc']:.4f}"
-            + (f", target in {s['time_to_target_s']:.1f} s" if s["time_to_target_s"] is not None else ""))
-    measured = ranking.loc[runs].copy()
-    measured["time_to_target_s"] = pd.to_numeric(measured["time_to_target_s"])
-    chosen = choose(measured, cfg.target_acc)
+    runs = list(fits.drop_duplicates("policy").index[:top])       # each policy's fastest knobs
+    share = time_limit / len(runs) if time_limit else 0.0
+    ranking = run_candidates(cfg, ranking, runs, out / "runs", seconds=share, log=log)
+    chosen = choose(ranking.loc[runs], cfg.target_acc)
     ranking["chosen"] = ranking.index == chosen
     pick = ranking.loc[chosen]
     config = cfg.replace(policy=pick.policy, **json.loads(pick.knobs), out="", force=False, resume="",
