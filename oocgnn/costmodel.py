@@ -35,7 +35,7 @@ import pandas as pd
 from .errors import UserError
 from .io import PAGE
 
-CACHE_VERSION = 2
+CACHE_VERSION = 3
 
 
 def cache_dir(path=None) -> Path:
@@ -154,8 +154,15 @@ class StepCosts:
     sample_step_s: float = 0.0
     gather_step_s: float = 0.0
     compute_step_s: float = 0.0
+    load_row_s: float = 0.0       # a residency change: copying a loaded row into place, beyond its read
+    subgraph_s: float = 0.0       # inducing a group's subgraph, per list entry loaded (HierBatching, Marius)
     steps: int = 0
     key: str = ""
+
+    def load_seconds(self, df) -> np.ndarray:
+        """Per-batch CPU seconds of the residency changes made before it (their reads apart)."""
+        return self.load_row_s * df["load_feature_rows"].to_numpy(float) + \
+            self.subgraph_s * df["load_edges"].to_numpy(float)
 
     def batch_seconds(self, df) -> dict:
         """Per-batch CPU seconds of a `simulate` frame, by stage."""
@@ -224,13 +231,34 @@ def calibrate(store, cfg, steps=24, cache=None, refresh=False) -> StepCosts:
             points.append(pd.DataFrame({"run": b, "expanded": _expanded(df), "rows": df["input_nodes"].to_numpy(float),
                                         **{k: measured[f"{k}_s"].to_numpy() for k in ("sample", "gather", "compute")}}
                                        ).iloc[WARMUP_STEPS:])
+        load_row_s, subgraph_s = _calibrate_loads(store, run(cfg.batch_size, steps + WARMUP_STEPS), cache)
     p = pd.concat(points, ignore_index=True)
     (s0, s1), (g0, g1), (c0, c1) = (_fit(p["expanded"], p["sample"], p["run"]), _fit(p["rows"], p["gather"], p["run"]),
                                     _fit(p["rows"], p["compute"], p["run"]))
-    costs = StepCosts(s1, g1, c1, s0, g0, c0, len(p), key)
+    costs = StepCosts(s1, g1, c1, s0, g0, c0, load_row_s, subgraph_s, len(p), key)
     saved[key] = asdict(costs)
     _save(file, saved)
     return costs
+
+
+def _calibrate_loads(store, run_cfg, cache) -> tuple:
+    """(seconds per loaded row, per loaded list entry) of residency changes beyond their reads: a short
+    HierBatching run without pipelining (its loads and subgraphs timed where they happen), its load seconds
+    less what this disk's rates say the reads took, over what the simulator counts it loaded. (0, 0) on
+    a store with too few parts to group."""
+    from .policies import make_plan
+    from .simulate import simulate
+    from .train import train
+    if store.num_parts < 4:
+        return 0.0, 0.0
+    cfg = run_cfg.replace(policy="hierbatching", parts_per_megabatch=max(2, store.num_parts // 8), passes=1.0,
+                          pipeline=False, memory_budget="1TB", topology="disk")
+    summary = train(cfg)
+    df = simulate(store, make_plan(store, cfg), epochs=cfg.epochs, progress=False, steps=summary["steps"])
+    st, rates = summary["stage_s"], measure_disk(store, cache=cache)
+    io = rates.seconds(df["load_pages"], df["load_feature_requests"] + df["load_adjacency_requests"]).sum()
+    rows, entries = df["load_feature_rows"].sum(), df["load_edges"].sum()
+    return (max(0.0, st.get("bg_load", 0.0) - io) / max(rows, 1), st.get("bg_subgraph", 0.0) / max(entries, 1))
 
 
 # ---- the policies ----------------------------------------------------------------------------------
@@ -241,6 +269,11 @@ def phases(plan, df) -> np.ndarray:
         return (df["epoch"].to_numpy() * (1 << 32) + df["batch"].to_numpy() // plan.lookahead)
     loads = (df["load_pages"].to_numpy() > 0)
     return np.cumsum(loads | (np.arange(len(df)) == 0)) - 1
+
+
+def _model_on_gpu(cfg) -> bool:
+    import torch
+    return cfg.device != "cpu" and torch.cuda.is_available()
 
 
 def mmap_faults(store, plan, steps=None) -> np.ndarray:
@@ -271,14 +304,21 @@ def predict(store, plan, rates: DiskRates, costs: StepCosts, steps=None, df=None
             rates.seconds(df["neighbour_pages_read"], df["neighbour_requests"])
     load = rates.seconds(df["load_pages"], df["load_feature_requests"] + df["load_adjacency_requests"])
     read, load = np.asarray(read, float), np.asarray(load, float)
+    load_cpu = costs.load_seconds(df)
     sample, gather, compute = (np.asarray(cpu[k], float) for k in ("sample", "gather", "compute"))
-    if plan.lookahead:         # sampled ahead in a thread; a macrobatch's union is read there too
-        bg = sample + (load if plan.fetch_reads_ahead else 0.0)
-        fg = gather + compute + read + (0.0 if plan.fetch_reads_ahead else load)
-    elif plan.pipeline:        # the next group loads while this one trains
-        bg, fg = load, sample + gather + compute + read
+    if plan.lookahead:         # sampled ahead in a thread; a macrobatch's union is read (and placed) there too
+        ahead = plan.fetch_reads_ahead
+        bg_io, bg_cpu = (load if ahead else 0.0), sample + (load_cpu if ahead else 0.0)
+        fg = gather + compute + read + (0.0 if ahead else load + load_cpu)
+    elif plan.pipeline:        # the next group loads (and its subgraph is induced) while this one trains
+        bg_io, bg_cpu = load, load_cpu
+        fg = sample + gather + compute + read
     else:
-        bg, fg = np.zeros(len(df)), sample + gather + compute + read + load
+        bg_io, bg_cpu = 0.0, 0.0
+        fg = sample + gather + compute + read + load + load_cpu
+    bg = np.zeros(len(df)) + bg_io + bg_cpu
+    if not _model_on_gpu(plan.cfg):     # the model's step keeps every core busy: background work takes them
+        fg = fg + bg_cpu
     ph = phases(plan, df)
     frame = pd.DataFrame({"phase": ph, "fg": fg, "bg": bg})
     per = frame.groupby("phase", sort=False)[["fg", "bg"]].sum()
@@ -288,7 +328,7 @@ def predict(store, plan, rates: DiskRates, costs: StepCosts, steps=None, df=None
     return {"policy": plan.name, "steps": len(df), "epoch_steps": epoch_steps, "seconds": seconds,
             "epoch_s": seconds * epoch_steps / max(1, len(df)),
             "sample": float(sample.sum()), "gather": float(gather.sum()), "compute": float(compute.sum()),
-            "read": float(read.sum()), "load": float(load.sum()), "fg": float(f.sum()), "bg": float(b.sum()),
+            "read": float(read.sum()), "load": float(load.sum()), "load_cpu": float(load_cpu.sum()), "fg": float(f.sum()), "bg": float(b.sum()),
             "phases": len(per), "disk_bytes": int(df["feature_pages_read"].sum() + df["neighbour_pages_read"].sum()
                                                    + df["load_pages"].sum()) * PAGE,
             "exact_io": bool(plan.exact_io)}
