@@ -155,14 +155,15 @@ class StepCosts:
     gather_step_s: float = 0.0
     compute_step_s: float = 0.0
     load_row_s: float = 0.0       # a residency change: copying a loaded row into place, beyond its read
-    subgraph_s: float = 0.0       # inducing a group's subgraph, per list entry loaded (HierBatching, Marius)
+    subgraph_s: float = 0.0       # inducing a group's subgraph, per node it holds (HierBatching, Marius)
     steps: int = 0
     key: str = ""
 
-    def load_seconds(self, df) -> np.ndarray:
-        """Per-batch CPU seconds of the residency changes made before it (their reads apart)."""
-        return self.load_row_s * df["load_feature_rows"].to_numpy(float) + \
-            self.subgraph_s * df["load_edges"].to_numpy(float)
+    def load_seconds(self, df, induces=False) -> np.ndarray:
+        """Per-batch CPU seconds of the residency changes made before it (their reads apart); `induces`:
+        the plan samples in a subgraph induced on each group's nodes."""
+        induced = _induced_nodes(df) if induces else 0.0
+        return self.load_row_s * df["load_feature_rows"].to_numpy(float) + self.subgraph_s * induced
 
     def batch_seconds(self, df) -> dict:
         """Per-batch CPU seconds of a `simulate` frame, by stage."""
@@ -170,6 +171,13 @@ class StepCosts:
         return {"sample": self.sample_step_s + self.sample_s * expanded,
                 "gather": self.gather_step_s + self.gather_s * rows,
                 "compute": self.compute_step_s + self.compute_s * rows}
+
+
+def _induced_nodes(df) -> np.ndarray:
+    """Per batch, the nodes of a subgraph induced before it: a group's visible nodes where a group loads."""
+    group = df["group"].to_numpy()
+    starts = np.r_[True, (group[1:] != group[:-1]) | (df["epoch"].to_numpy()[1:] != df["epoch"].to_numpy()[:-1])]
+    return np.where(starts, df["visible_nodes"].to_numpy(float), 0.0)
 
 
 def _expanded(df) -> np.ndarray:
@@ -242,7 +250,7 @@ def calibrate(store, cfg, steps=24, cache=None, refresh=False) -> StepCosts:
 
 
 def _calibrate_loads(store, run_cfg, cache) -> tuple:
-    """(seconds per loaded row, per loaded list entry) of residency changes beyond their reads: a short
+    """(seconds per loaded row, per node of an induced subgraph) of residency changes beyond their reads: a short
     HierBatching run without pipelining (its loads and subgraphs timed where they happen), its load seconds
     less what this disk's rates say the reads took, over what the simulator counts it loaded. (0, 0) on
     a store with too few parts to group."""
@@ -257,8 +265,8 @@ def _calibrate_loads(store, run_cfg, cache) -> tuple:
     df = simulate(store, make_plan(store, cfg), epochs=cfg.epochs, progress=False, steps=summary["steps"])
     st, rates = summary["stage_s"], measure_disk(store, cache=cache)
     io = rates.seconds(df["load_pages"], df["load_feature_requests"] + df["load_adjacency_requests"]).sum()
-    rows, entries = df["load_feature_rows"].sum(), df["load_edges"].sum()
-    return (max(0.0, st.get("bg_load", 0.0) - io) / max(rows, 1), st.get("bg_subgraph", 0.0) / max(entries, 1))
+    rows, nodes = df["load_feature_rows"].sum(), _induced_nodes(df).sum()   # hierbatching induces
+    return (max(0.0, st.get("bg_load", 0.0) - io) / max(rows, 1), st.get("bg_subgraph", 0.0) / max(nodes, 1))
 
 
 # ---- the policies ----------------------------------------------------------------------------------
@@ -304,7 +312,7 @@ def predict(store, plan, rates: DiskRates, costs: StepCosts, steps=None, df=None
             rates.seconds(df["neighbour_pages_read"], df["neighbour_requests"])
     load = rates.seconds(df["load_pages"], df["load_feature_requests"] + df["load_adjacency_requests"])
     read, load = np.asarray(read, float), np.asarray(load, float)
-    load_cpu = costs.load_seconds(df)
+    load_cpu = costs.load_seconds(df, getattr(plan, "induces", False))
     sample, gather, compute = (np.asarray(cpu[k], float) for k in ("sample", "gather", "compute"))
     if plan.lookahead:         # sampled ahead in a thread; a macrobatch's union is read (and placed) there too
         ahead = plan.fetch_reads_ahead
