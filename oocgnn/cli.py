@@ -82,6 +82,11 @@ def _cmd_train(args):
         print(f"  buffer: {b['ordering']}, c={b['c']} of p={b['p']} partitions" + (f", l={b['l']}" if b["l"] else "")
               + f", {b['states_loaded']} of {b['states_per_epoch']} states loaded in epoch 0 (states without "
               "training nodes are skipped)")
+    if "composed" in s:
+        m, b, h = (s["composed"][k] for k in ("megabatch", "belady", "history"))
+        print(f"  composed: mega-batches of {m['parts']} parts + {m['static_rows']:,} static rows"
+              + (" (sampling inside them)" if m["induced"] else f", a Belady cache of {b['cache_rows']:,} rows over "
+                 f"chunks of {b['superbatch']} batches") + f", {h['nodes']:,} histories (staleness {h['staleness']})")
 
 
 def _cmd_report(args):

@@ -332,10 +332,7 @@ def _train(cfg, run, store, plan, runtime, t_enter, device) -> dict:
         "device": str(device), "precision": cfg.precision,
         "h2d": {"bytes": runtime.h2d.bytes, "pinned_bytes": runtime.h2d.pinned_bytes},
     }
-    if hasattr(plan, "rule"):
-        summary["hierbatching_rule"] = plan.rule()
-    if plan.partition_buffer:
-        summary["buffer"] = plan.buffer()
+    summary.update(plan.describe())              # the policy's own knobs (HierBatching's rule, a buffer, ...)
     run.write_json("summary.json", summary)
     return {**summary, "run_dir": str(run.path), "log": log}
 

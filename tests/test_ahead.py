@@ -12,7 +12,7 @@ from oocgnn.config import TrainConfig
 from oocgnn.errors import UserError
 from oocgnn.macrobatch import macrobatch_fetch
 from oocgnn.policies import make_plan
-from oocgnn.sampler import Sampler, sampled_steps
+from oocgnn.sampler import Sampler
 from oocgnn.simulate import simulate
 from oocgnn.trace import Trace, record_trace
 from oocgnn.train import train
@@ -25,8 +25,8 @@ def _cfg(store, tmp_path, **kw):
 
 
 def _chunks(store, plan, epochs=1):
-    walk = sampled_steps(plan, Sampler(store.neighbour_lists(), plan.fanouts, plan.seed, plan.dense), epochs)
-    return list(chunks(plan, walk))
+    sampler = Sampler(store.neighbour_lists(), plan.fanouts, plan.seed, plan.dense)
+    return list(chunks(plan, ((i, e, b, s) for i, (e, b, s) in enumerate(plan.steps(epochs))), sampler.sample))
 
 
 @pytest.mark.parametrize("sampler", ["per-hop", "dense"])
@@ -130,10 +130,14 @@ def test_union_buffers_sized_by_the_largest_union(fennel16, tmp_path):
         train(short)
 
 
-def test_a_killed_ginex_run_resumes_to_the_same_losses(fennel16, tmp_path, kill_at):
+@pytest.mark.parametrize("kw", [{"policy": "ginex", "superbatch": 4, "memory_budget": "3MB"},
+                                {"policy": "composed", "parts_per_megabatch": 4, "superbatch": 4, "memory_budget": "5MB",
+                                 "history_ratio": 0.2, "staleness": 5}], ids=["ginex", "composed"])
+def test_a_killed_sample_ahead_run_resumes_to_the_same_losses(fennel16, tmp_path, kill_at, kw):
     """Resumed mid-superbatch, the run samples the rest of that superbatch ahead again (its cache starts
-    cold, so it may read more) and trains to the same losses and accuracies."""
-    kw = {"policy": "ginex", "superbatch": 4, "memory_budget": "3MB", "checkpoint_every": 3}
+    cold, so it may read more) and trains to the same losses and accuracies (composed: with its
+    mega-batch reloaded and its histories restored)."""
+    kw = {**kw, "checkpoint_every": 3}
     whole = train(_cfg(fennel16, tmp_path, out=str(tmp_path / "whole"), **kw))
     kill_at(5)
     with pytest.raises(KeyboardInterrupt):

@@ -40,6 +40,14 @@ RUNS = {
                     "topology": "disk"},
     "marius-dense": {"policy": "marius", "sampler": "dense", "fanouts": "5,10,15", "memory_budget": "2MB"},
     "marius-sequential-sync": {"policy": "marius", "ordering": "sequential", "buffer_parts": 5, "prefetch": False},
+    # mega-batches, a Belady cache of what chunks read outside them (chunks cut at mega-batch edges), histories
+    "composed": {"parts_per_megabatch": 4, "static_ratio": 0.02, "passes": 1.5, "superbatch": 3,
+                 "history_ratio": 0.2, "staleness": 5, "memory_budget": "4500KB"},
+    "composed-disk-sync": {"policy": "composed", "parts_per_megabatch": 3, "static_ratio": 0.0, "passes": 1.0,
+                           "superbatch": 4, "pipeline": False, "topology": "disk", "history_ratio": 0.1,
+                           "history_by": "degree", "staleness": 1000, "memory_budget": "3500KB"},
+    "composed-induced": {"policy": "composed", "parts_per_megabatch": 4, "static_ratio": 0.02, "induced": True,
+                         "history_ratio": 0.2, "staleness": 5, "topology": "disk"},
 }
 
 
