@@ -17,6 +17,7 @@ its I/O exactly, and the executor's runtime (`oocgnn.runtime`) does the same ste
 | `ginex` | random batches, sampled S at a time (superbatches) | neighbour cache (setup) + a Belady feature cache following each superbatch's changesets | direct reads of the misses, coalesced |
 | `macrobatch` | random batches, sampled k at a time (macrobatches) | two union buffers (+ an optional static degree cache) | one coalesced read of each macrobatch's union, in the background |
 | `marius` | buffer states of c of p partitions (COMET, BETA, sequential), each training node in one; sampling inside the buffer | the buffer's partitions and the edge buckets among them | sequential reads of entering partitions and buckets, in the background |
+| `composed` | hierbatching's mega-batches sampled S at a time, sampling over the graph | static rows (setup) + two mega-batch buffers + histories + a Belady cache of what chunks read outside them | mega-batches as hierbatching; the rest through the Belady cache, misses read directly |
 
 Each policy's options are a small dataclass beside its plan (`HierBatchingPlan.Options`); the
 registry `POLICIES` feeds the run configuration, the CLI, the widgets and the benchmarks.

@@ -147,3 +147,39 @@ def test_a_killed_sample_ahead_run_resumes_to_the_same_losses(fennel16, tmp_path
     assert resumed["resumed_at"] == 3
     cols = ["epoch", "step", "train_loss", "val_acc", "test_acc"]
     assert resumed["log"][cols].equals(whole["log"][cols])
+
+
+def test_composed_chunks_stay_in_a_megabatch_and_fetch_only_outside_it(fennel16, tmp_path):
+    """Composed: a chunk never spans two mega-batches, and its Belady cache holds and admits only rows
+    outside the mega-batch ∪ static set, at positions of each batch's sorted input rows."""
+    plan = make_plan(fennel16, _cfg(fennel16, tmp_path, policy="composed", parts_per_megabatch=4, superbatch=5,
+                                    static_ratio=0.05, history_ratio=0.0, memory_budget="5MB"))
+    assert 0 < plan.cache_rows < fennel16.num_nodes
+    groups = {}
+    for items, fetch in _chunks(fennel16, plan, epochs=2):
+        epoch, group = items[0][1], items[0][3].group
+        assert len({(it[1], it[3].group, it[2] // 5) for it in items}) == 1, "one chunk, one mega-batch"
+        groups[epoch, group] = groups.get((epoch, group), 0) + 1
+        inside = plan.schedule._static_mask.copy()
+        for lo, hi in plan.schedule.groups(epoch)[group][0]:
+            inside[lo:hi] = True
+        assert not inside[fetch.resident].any()
+        for it, (admit, evict, pos) in zip(items, fetch.changes, strict=True):
+            assert not inside[admit].any()
+            np.testing.assert_array_equal(np.sort(it[4].input_nodes)[pos], admit)
+    assert max(groups.values()) > 1, "mega-batches of several chunks"
+
+
+def test_composed_budget_error_says_what_to_change(fennel16, tmp_path):
+    with pytest.raises(UserError, match="lower --parts-per-megabatch, --static-ratio, --history-ratio or "
+                                        "--superbatch"):
+        make_plan(fennel16, _cfg(fennel16, tmp_path, policy="composed", parts_per_megabatch=8, memory_budget="1MB"))
+
+
+def test_shared_settings_set_every_policy_that_has_them(fennel16):
+    """One flag, one meaning: composed's mega-batch, superbatch and history settings are its parts'."""
+    cfg = TrainConfig.create(store=str(fennel16.path), policy="composed", passes=3.0, superbatch=7, staleness=9)
+    assert cfg.hierbatching.passes == cfg.composed.passes == cfg.get("passes") == 3.0
+    assert cfg.ginex.superbatch == cfg.composed.superbatch == 7 and cfg.outre.staleness == cfg.composed.staleness == 9
+    with pytest.raises(UserError, match="staleness must be >= 1"):
+        TrainConfig.create(store=str(fennel16.path), policy="composed", staleness=0)
