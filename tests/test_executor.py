@@ -225,3 +225,11 @@ def test_hierbatching_rule_uses_the_stored_topology(fennel16, tmp_path):
     plan = make_plan(fennel16, _cfg(fennel16, tmp_path, policy="hierbatching", parts_per_megabatch=4))
     index_bytes = np.dtype(fennel16.meta["index_dtype"]).itemsize * fennel16.num_edges
     assert plan.rule()["B"] == fennel16.indptr.nbytes + index_bytes
+
+
+@pytest.mark.parametrize("name", ["ginex", "composed"])
+def test_a_run_cut_mid_chunk_reads_what_simulate_counts_for_its_steps(fennel16, tmp_path, name):
+    """--max-steps inside a chunk: the run's last chunk is cut, and simulate(steps=k) cuts it alike."""
+    cfg = _cfg(fennel16, tmp_path, **{"policy": name, **RUNS[name], "max_steps": 7})
+    df = simulate(fennel16, make_plan(fennel16, cfg), epochs=cfg.epochs, steps=7, progress=False)
+    _assert_agree(train(cfg), summarize(df).sum(), df.attrs["setup"], exact=True)
