@@ -63,12 +63,14 @@ VARIANTS = {              # the baselines keep the topology in memory whatever -
     "macrobatch": ("macrobatch", {}),
     "marius": ("marius", {"ordering": "comet"}),
     "marius-beta": ("marius", {"ordering": "beta"}),
+    "composed": ("composed", {"passes": 2.0, "history_ratio": 0.1}),
 }
 PATTERN = {"mmap": "page faults, one at a time", "hierbatching": "sequential part ranges (+ static ids once)",
            "outre": "scattered cache misses, many in flight", "inmemory": "nothing",
            "ginex": "Belady cache misses + superbatch switches, many in flight",
            "macrobatch": "one coalesced union read per macrobatch, in the background",
-           "marius": "sequential partitions + edge buckets, in the background"}
+           "marius": "sequential partitions + edge buckets, in the background",
+           "composed": "sequential part ranges + Belady cache misses outside them, many in flight"}
 DEFAULT_POLICIES = "inmemory,mmap,hierbatching,hierbatching-p1,outre,ginex,macrobatch,marius"
 
 

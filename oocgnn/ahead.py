@@ -14,6 +14,10 @@ a `ChunkFetch`:
   read in one deduplicated, coalesced call into one of two buffers; every batch of the chunk then
   gathers from RAM.
 
+The composed policy (`policies.ComposedPlan`) runs a `BeladyFetch` over what each chunk of a
+mega-batch reads outside it and the static set (its `chunk_fetch`); its chunks never span two
+mega-batches, and a mega-batch's load happens once the chunks before it have trained.
+
 The simulator (`oocgnn.simulate`) and the executor's stage (`AheadStage`, which samples and
 prepares the next chunk in a background thread while the current one trains) read the same
 `ChunkFetch`es, so their reads agree exactly (a test).
@@ -31,6 +35,7 @@ import torch
 from .belady import belady_changesets
 from .blocks import background_thread
 from .errors import UserError
+from .history import HistoryStamps
 from .io import IOStats
 from .trace import Trace
 
@@ -52,6 +57,9 @@ def sample_bound(batch_size, fanouts, num_nodes, num_edges, dense=False) -> tupl
     return dst, nbytes
 
 
+_NONE = np.empty(0, np.int32)
+
+
 class ChunkFetch(NamedTuple):
     """What a chunk fetches: `resident`, the sorted rows its dynamic cache holds from the chunk's start
     (read then: those not yet held, or all of them if `reread`), and per batch (in_ids, out_ids,
@@ -68,8 +76,8 @@ class BeladyFetch:
         self.capacity = int(capacity)
 
     def __call__(self, inputs) -> ChunkFetch:
-        if not inputs:
-            return ChunkFetch(np.empty(0, np.int64), [], False)
+        if not sum(len(a) for a in inputs):
+            return ChunkFetch(np.empty(0, np.int64), [(_NONE, _NONE, _NONE)] * len(inputs), False)
         uniq, local = np.unique(np.concatenate(inputs), return_inverse=True)   # the superbatch's own ids
         offsets = np.zeros(len(inputs) + 1, np.int64)
         np.cumsum([len(a) for a in inputs], out=offsets[1:])
@@ -98,25 +106,48 @@ class UnionFetch:
         return ChunkFetch(fetch, None, True)
 
 
-def chunks(plan, walk):
-    """(items, fetch) per chunk of the walk's (i, epoch, batch, step, sample) items: `plan.lookahead`
-    consecutive batches of one epoch (batch // S: a resumed run keeps the chunks' edges), and the
-    plan's `ChunkFetch` of their input rows."""
-    items, key = [], None
-    for item in walk:
-        k = (item[1], item[2] // plan.lookahead)
-        if items and k != key:
-            yield items, plan.fetcher([it[4].input_nodes for it in items])
-            items = []
-        items.append(item)
+def chunks(plan, steps, sample, before=None, stamps=None):
+    """(items, fetch) per chunk of `steps` ((i, epoch, batch, step) in order): consecutive batches with
+    one key (epoch, group, batch // S) (`plan.lookahead` S; a resumed run keeps the chunks' edges and
+    a chunk never spans two groups), sampled (`sample(seeds, epoch, batch, visible)`) when their chunk
+    starts, each after `before(i, step)` (its residency change), as (i, epoch, batch, step, sample)
+    items; and the plan's `ChunkFetch` of the rows they gather. `stamps`: the run's history stamps
+    (`history.HistoryStamps`, a copy this walk advances), so that a batch's rows are those its pruned
+    computation uses, as the history stage will decide when it runs."""
+    def sampled(chunk):
+        items, inputs = [], []
+        for i, epoch, b, step in chunk:
+            if before is not None:
+                before(i, step)
+            s = sample(step.seeds, epoch, b, step.visible)
+            items.append((i, epoch, b, step, s))
+            if stamps is None:
+                inputs.append(s.input_nodes)
+            else:
+                used = stamps.plan(s.blocks, i, prune=False)
+                stamps.mark(used)
+                inputs.append(used.input_ids)
+        return items, plan.chunk_fetch(items, inputs)
+
+    chunk, key = [], None
+    for i, epoch, b, step in steps:
+        k = (epoch, step.group, b // plan.lookahead)
+        if chunk and k != key:
+            yield sampled(chunk)
+            chunk = []
+        chunk.append((i, epoch, b, step))
         key = k
-    if items:
-        yield items, plan.fetcher([it[4].input_nodes for it in items])
+    if chunk:
+        yield sampled(chunk)
 
 
 def sample_nbytes(items) -> int:
     """Bytes the samples of a chunk hold (their blocks' arrays): what `plan.memory()["samples"]` bounds."""
     return sum(a.nbytes for it in items for b in it[4].blocks for a in (b.indptr, b.indices, b.src_nodes))
+
+
+class _Stopped(Exception):
+    """The consumer stopped while the producer waited to change residency."""
 
 
 class AheadStage:
@@ -144,15 +175,30 @@ class AheadStage:
         if len(fetch.resident):
             self.cached.rows[lo:lo + len(fetch.resident)] = torch.from_numpy(self.reader.read_rows(fetch.resident))
 
-    def walk(self, walk):
-        """The walk's items, sampled and fetched a chunk ahead; the cache follows each chunk's fetch."""
+    def walk(self, steps, sample, before, start=0):
+        """(i, epoch, batch, step, sample) of `steps` ((epoch, batch, step)) from `start`, sampled and
+        fetched a chunk ahead; the cache follows each chunk's fetch. A step that moves ranges (a
+        mega-batch's first) has its residency change (`before`) made only once every chunk before it has
+        trained: the loads still happen at group boundaries, and its chunk samples through them."""
         out, free, stop = queue.Queue(), threading.Semaphore(2), threading.Event()
-        runtime = self.runtime
+        drained, count = threading.Condition(), {"put": 0, "done": 0}
+        runtime, stage = self.runtime, self.runtime.stage
+        stamps = stage.copy() if isinstance(stage, HistoryStamps) else None
+
+        def change(i, step):
+            if step.enter_ranges or step.leave_ranges:
+                with drained:
+                    drained.wait_for(lambda: count["done"] == count["put"] or stop.is_set())
+                if stop.is_set():
+                    raise _Stopped
+            before(i, step)
 
         def produce():
             background_thread()                         # its sampling leaves the parallel kernels to training
             try:
-                half, gen = 0, chunks(self.plan, walk)
+                half = 0
+                gen = chunks(self.plan, ((i, e, b, st) for i, (e, b, st) in enumerate(steps) if i >= start),
+                             sample, change, stamps)
                 while True:
                     free.acquire()
                     if stop.is_set():
@@ -166,8 +212,12 @@ class AheadStage:
                     if fetch.reread:
                         self._fetch_union(fetch, half)
                     runtime._time("ahead", time.perf_counter() - t)
+                    with drained:
+                        count["put"] += 1
                     out.put((items, fetch, half))
                     half = 1 - half
+            except _Stopped:
+                return
             except BaseException as e:                  # noqa: BLE001 (raised in the consumer)
                 out.put(e)
 
@@ -188,8 +238,13 @@ class AheadStage:
                     self.change = None if fetch.changes is None else fetch.changes[k]
                     yield item
                 free.release()                          # its samples and buffer half may be reused
+                with drained:
+                    count["done"] += 1
+                    drained.notify_all()
         finally:
             stop.set()
+            with drained:
+                drained.notify_all()
             free.release()
             free.release()
             thread.join()

@@ -111,6 +111,11 @@ def _cmd_train(args):
     if "cache_split" in s:
         print(f"  cache split: alpha {s['cache_split']:.2f}{' (auto, OUTRE Eq. 5)' if s['cache_split_auto'] else ''}: "
               f"{s['history_rows']:,} history rows, {s['cache_rows']:,} feature cache rows")
+    if "composed" in s:
+        m, b, h = (s["composed"][k] for k in ("megabatch", "belady", "history"))
+        print(f"  composed: mega-batches of {m['parts']} parts + {m['static_rows']:,} static rows"
+              + (" (sampling inside them)" if m["induced"] else f", a Belady cache of {b['cache_rows']:,} rows over "
+                 f"chunks of {b['superbatch']} batches") + f", {h['nodes']:,} histories (staleness {h['staleness']})")
 
 
 def _cmd_tune(args):

@@ -12,7 +12,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields, replace
 
 from .errors import UserError
-from .policies import POLICIES, GinexPlan, HierBatchingPlan, MacrobatchPlan, MariusPlan, OutrePlan, setting
+from .policies import (POLICIES, ComposedPlan, GinexPlan, HierBatchingPlan, MacrobatchPlan, MariusPlan, OutrePlan,
+                       setting)
 from .units import parse_size
 
 
@@ -77,6 +78,7 @@ class TrainConfig:
     ginex: GinexPlan.Options = field(default_factory=GinexPlan.Options)
     macrobatch: MacrobatchPlan.Options = field(default_factory=MacrobatchPlan.Options)
     marius: MariusPlan.Options = field(default_factory=MariusPlan.Options)
+    composed: ComposedPlan.Options = field(default_factory=ComposedPlan.Options)
     memory_budget_bytes: int = field(init=False, default=0)     # memory_budget, parsed once
 
     def __post_init__(self):
@@ -113,8 +115,8 @@ class TrainConfig:
         if not (0 <= self.neighbour_cache_ratio <= 1 or self.neighbour_cache_ratio == -1):
             raise UserError(f"neighbour_cache_ratio is a fraction in [0, 1] (or -1: the policy's default), "
                             f"got {self.neighbour_cache_ratio}")
-        if self.policy == "outre" and self.outre.history_ratio != "auto" and self.outre.history_ratio > 0 \
-                and self.model == "mlp":      # auto gives the MLP no histories
+        history = self.get("history_ratio")       # auto gives the MLP no histories
+        if self.policy in ("outre", "composed") and history != "auto" and float(history) > 0 and self.model == "mlp":
             raise UserError("historical embeddings need a GNN (the MLP has no layer L-1 inputs)")
 
     @property
@@ -141,27 +143,35 @@ class TrainConfig:
         return replace(self, **top, **{p: replace(getattr(self, p), **kw) for p, kw in nested.items()})
 
     def get(self, name):
-        """A setting's value by its name (top-level or a policy's)."""
-        owner = SETTINGS[name][0] if name in SETTINGS else None
+        """A setting's value by its name (top-level or a policy's: the run's policy's when it shares it)."""
+        owners = OWNERS.get(name, [])
+        owner = self.policy if self.policy in owners else owners[0] if owners else None
         return getattr(getattr(self, owner) if owner else self, name)
 
 
 POLICY_OPTIONS = [p for p, plan in POLICIES.items() if plan.Options is not None]
 
 
-def _settings() -> dict:
-    """name -> (policy owning it or None, dataclass field), every setting once."""
+def _settings() -> tuple[dict, dict]:
+    """(name -> (policy owning it first or None, dataclass field), every setting once; name -> the
+    policies owning it). Policies may share a setting (`policies.shared`) only with the same default
+    and help: one flag, one meaning, set in each of them."""
     out = {f.name: (None, f) for f in fields(TrainConfig) if f.init and f.name not in POLICY_OPTIONS}
+    owners = {}
     for policy in POLICY_OPTIONS:
         for f in fields(POLICIES[policy].Options):
             if f.name in out:
-                raise TypeError(f"setting {f.name!r} of {policy} is already a setting of "
-                                f"{out[f.name][0] or 'every run'}: names must be unique")
-            out[f.name] = (policy, f)
-    return out
+                first, g = out[f.name]
+                if first is None or (g.default, g.metadata["help"]) != (f.default, f.metadata["help"]):
+                    raise TypeError(f"setting {f.name!r} of {policy} is already a setting of "
+                                    f"{first or 'every run'}: names must be unique (or shared, meaning the same)")
+            else:
+                out[f.name] = (policy, f)
+            owners.setdefault(f.name, []).append(policy)
+    return out, owners
 
 
-SETTINGS = _settings()
+SETTINGS, OWNERS = _settings()
 
 
 def _route(settings: dict) -> tuple[dict, dict]:
@@ -172,9 +182,11 @@ def _route(settings: dict) -> tuple[dict, dict]:
             nested.setdefault(name, {}).update(value)
         elif name in POLICY_OPTIONS and isinstance(value, POLICIES[name].Options):
             top[name] = value
+        elif name in OWNERS:                      # a policy's, set in every policy sharing it
+            for owner in OWNERS[name]:
+                nested.setdefault(owner, {})[name] = value
         elif name in SETTINGS:
-            owner = SETTINGS[name][0]
-            (nested.setdefault(owner, {}) if owner else top)[name] = value
+            top[name] = value
         elif name != "memory_budget_bytes":       # derived: config.json has it, it is recomputed
             raise UserError(f"unknown setting {name!r}; settings are: {', '.join(SETTINGS)}")
     return top, nested

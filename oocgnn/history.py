@@ -76,6 +76,14 @@ class HistoryStamps:
     def __len__(self):
         return len(self.candidates)
 
+    def copy(self) -> "HistoryStamps":
+        """The decisions alone, to plan batches ahead without touching these (the slot table is shared:
+        it never changes)."""
+        out = HistoryStamps.__new__(HistoryStamps)
+        out.candidates, out.staleness, out.num_nodes, out.slot = self.candidates, self.staleness, self.num_nodes, self.slot
+        out.stamp, out.stats = self.stamp.copy(), dict(self.stats)
+        return out
+
     def fresh_mask(self, t: int) -> np.ndarray:
         """bool [N]: candidates whose history may be reused at iteration t."""
         ok = (self.stamp >= 0) & (int(t) - self.stamp < self.staleness)

@@ -17,13 +17,14 @@ its I/O exactly, and the executor's runtime (`oocgnn.runtime`) does the same ste
 | `ginex` | random batches, sampled S at a time (superbatches) | neighbour cache (setup) + a Belady feature cache following each superbatch's changesets | direct reads of the misses, coalesced |
 | `macrobatch` | random batches, sampled k at a time (macrobatches) | two union buffers (+ an optional static degree cache) | one coalesced read of each macrobatch's union, in the background |
 | `marius` | buffer states of c of p partitions (COMET, BETA, sequential), each training node in one; sampling inside the buffer | the buffer's partitions and the edge buckets among them | sequential reads of entering partitions and buckets, in the background |
+| `composed` | hierbatching's mega-batches sampled S at a time, sampling over the graph | static rows (setup) + two mega-batch buffers + histories + a Belady cache of what chunks read outside them | mega-batches as hierbatching; the rest through the Belady cache, misses read directly |
 
 Each policy's options are a small dataclass beside its plan (`HierBatchingPlan.Options`); the
 registry `POLICIES` feeds the run configuration, the CLI, the widgets and the benchmarks.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from functools import cached_property
 from typing import Callable
 
@@ -39,6 +40,13 @@ _EMPTY = np.empty(0, dtype=np.int64)
 def setting(default, help):
     """A configuration field with its `--help` text (the CLI and the widgets read it)."""
     return field(default=default, metadata={"help": help})
+
+
+def shared(options, name):
+    """Another policy's setting, the same name meaning the same thing (one flag sets both): a composed
+    policy's options reuse its parts' (`config` checks that shared settings agree)."""
+    f = options.__dataclass_fields__[name]
+    return setting(f.default, f.metadata["help"])
 
 
 @dataclass
@@ -143,6 +151,14 @@ class Plan:
     def _largest(self, per_part, k) -> int:
         """The sum of the k largest of a per-part quantity: a bound for any grouping of k parts."""
         return int(np.sort(per_part)[::-1][:k].sum())
+
+    def dynamic_rows(self) -> int:
+        """Feature slots a replacement policy drives (the last of `capacity()`): a Belady cache's."""
+        return 0
+
+    def describe(self) -> dict:
+        """What the run summary says of the plan's own knobs, beside its memory (none by default)."""
+        return {}
 
     def buffers(self) -> int:
         return 2 if self.pipeline else 1
@@ -258,7 +274,7 @@ class HierBatchingPlan(Plan):
         self.pipeline = o.pipeline
         parts = int(o.regroup.partition(":")[2]) if o.regroup else store.num_parts
         if parts < o.parts_per_megabatch:
-            raise UserError(f"hierbatching needs a partitioned store with at least --parts-per-megabatch "
+            raise UserError(f"{self.name} needs a partitioned store with at least --parts-per-megabatch "
                             f"({o.parts_per_megabatch}) parts; {store.path} has {parts} "
                             "(prepare it with --partitioner metis|fennel --parts K, or --regroup metis:K)")
         self._choose_topology()
@@ -272,7 +288,8 @@ class HierBatchingPlan(Plan):
             assignment = partition(self.store, method, int(parts), seed=self.seed)[0]
         return make_schedule("megabatch", self.store, batch_size=self.cfg.batch_size, seed=self.seed,
                              parts_per_megabatch=o.parts_per_megabatch, static_ratio=o.static_ratio,
-                             passes=o.passes, static_scope=o.static_scope, assignment=assignment)
+                             passes=o.passes, static_scope=o.static_scope, assignment=assignment,
+                             restricted=self.induces)
 
     def setup_rows(self):
         return int(self.options.static_ratio * self.store.num_nodes)
@@ -304,6 +321,9 @@ class HierBatchingPlan(Plan):
         need = (2 if self.pipeline else 1) * (o.static_ratio + r_d) * (a + b)
         return {"r_s": o.static_ratio, "r_d": r_d, "A": a, "B": b, "need": int(need),
                 "budget": self.budget, "holds": need <= self.budget}
+
+    def describe(self):
+        return {"hierbatching_rule": self.rule()}
 
 
 class OutrePlan(Plan):
@@ -526,6 +546,11 @@ class SampleAheadPlan(Plan):
     def memory(self) -> dict:
         return {**super().memory(), "samples": self.samples_bytes()}
 
+    def chunk_fetch(self, items, inputs):
+        """The `ChunkFetch` of a chunk's (i, epoch, batch, step, sample) items, from the input rows each
+        batch gathers (`inputs`: all of its input rows, or those its history plan needs)."""
+        return self.fetcher(inputs)
+
     def fixed_bytes(self, size) -> int:
         """What the plan needs whatever its caches get, with chunks of `size`."""
         return self.resident_bytes() - self.samples_bytes() + self.samples_bytes(size)
@@ -602,6 +627,9 @@ class GinexPlan(SampleAheadPlan):
         return self.neighbour_entries
 
     def capacity(self):
+        return self.cache_rows
+
+    def dynamic_rows(self):
         return self.cache_rows
 
 
@@ -718,6 +746,9 @@ class MariusPlan(Plan):
             from .orderings import auto_logical, comet_shape
             comet_shape(self.p, self.c, self.l or auto_logical(self.p, self.c))
 
+    def describe(self):
+        return {"buffer": self.buffer()}
+
     def buffer(self) -> dict:
         """The buffer this plan runs (c from the budget when not given): for run summaries."""
         sch = self.schedule
@@ -785,8 +816,130 @@ class MariusPlan(Plan):
         return self._memory(self.c, self._swap(self.c))
 
 
+class ComposedPlan(SampleAheadPlan, HierBatchingPlan):
+    """HierBatching's mega-batches (Alg. 1: N_d parts + static top-r_s·N rows, p passes, pipelined
+    loads) with sampling that may leave them; the rows a chunk of S batches reads outside the mega-batch
+    ∪ static set go through a Belady cache following the chunk's changesets (Ginex §3.4; chunks are keyed
+    by (epoch, group, batch // S), so one never spans two mega-batches), and OUTRE's historical
+    embeddings (§4.3) prune what each batch reads. The cache gets what the budget leaves after the
+    mega-batch buffers, static set, histories and samples. `--induced` keeps HierBatching's sampling
+    inside the mega-batch (nothing is then read outside it: histories on HierBatching)."""
+    name, source, size_flag = "composed", "HierBatching Alg. 1 + Ginex §3.4 + OUTRE §4.3", "superbatch"
+    change_bytes = 12             # as Ginex's: in ids, out ids and positions, int32
+
+    @dataclass
+    class Options:
+        parts_per_megabatch: int = shared(HierBatchingPlan.Options, "parts_per_megabatch")
+        static_ratio: float = shared(HierBatchingPlan.Options, "static_ratio")
+        passes: float = shared(HierBatchingPlan.Options, "passes")
+        static_scope: str = shared(HierBatchingPlan.Options, "static_scope")
+        pipeline: bool = shared(HierBatchingPlan.Options, "pipeline")
+        regroup: str = shared(HierBatchingPlan.Options, "regroup")
+        superbatch: int = shared(GinexPlan.Options, "superbatch")
+        history_ratio: float | str = shared(OutrePlan.Options, "history_ratio")
+        history_by: str = shared(OutrePlan.Options, "history_by")
+        staleness: int = shared(OutrePlan.Options, "staleness")
+        induced: bool = setting(False, "sample inside each mega-batch's induced subgraph as HierBatching does "
+                                       "(off: sampling covers the graph; rows outside the mega-batch and static "
+                                       "set are read through the Belady cache)")
+
+        def __post_init__(self):            # each part's options check their own settings
+            for part in (HierBatchingPlan.Options, GinexPlan.Options, OutrePlan.Options):
+                part(**{f.name: getattr(self, f.name) for f in fields(part) if f.name in self.__dataclass_fields__})
+
+    def __init__(self, store, cfg):
+        self.cache_rows = 0
+        self.induces = getattr(cfg, self.name).induced
+        super().__init__(store, cfg)          # HierBatching's checks and buffers
+        o = self.options
+        self.lookahead = o.superbatch
+        if self.history_ratio > 0:
+            from .models import hidden_width
+            self.history = HistorySpec(int(self.history_ratio * store.num_nodes), hidden_width(cfg.model, cfg.hidden),
+                                       o.staleness, self._history_nodes)
+        self._choose_topology()               # again, with the histories
+        left = self.budget - self.resident_bytes()
+        outside = 0 if self.induces else store.num_nodes - self.setup_rows()   # rows a batch may read outside
+        self.cache_rows = int(min(outside, max(0, left) // store.row_bytes))
+        from .ahead import BeladyFetch
+        self.fetcher = BeladyFetch(self.cache_rows)
+        self._groups = (None, None)           # (epoch, its groups' ranges as (lo, hi) arrays)
+
+    @property
+    def history_ratio(self) -> float:
+        """r_h: the fraction of nodes that keep a history; `auto` is OUTRE's 0.1 here (OUTRE's Eq. 5 split,
+        `redundancy.choose_history_split`, weighs histories against a static cache, not a Belady one)."""
+        r = self.options.history_ratio
+        return 0.1 if r == "auto" else float(r)
+
+    def _history_nodes(self):
+        """OUTRE §4.3's choice, profiled on an epoch of this schedule's batches with another sampling seed
+        (over the whole graph: a disk topology holds no mega-batch's lists while profiling)."""
+        from copy import copy
+        from .redundancy import history_nodes
+        o, schedule = self.options, copy(self.schedule)
+        schedule.restricted = False
+        return history_nodes(self.store, self.history_ratio, by=o.history_by, fanouts=self.fanouts,
+                             schedule=schedule, seed=self.seed + 1, topology=self.profile_lists())
+
+    def capacity(self):
+        """The static rows, the mega-batch buffers, then the Belady cache (the dynamic part)."""
+        return self.setup_rows() + self.buffers() * self.group_rows() + self.cache_rows
+
+    def dynamic_rows(self):
+        return self.cache_rows
+
+    def cache_bytes(self):
+        return self.cache_rows * self.store.row_bytes
+
+    def _group_bounds(self, epoch, group):
+        """(lo, hi) arrays of the store-id ranges of the epoch's mega-batch `group` (sorted, disjoint)."""
+        if self._groups[0] != epoch:
+            self._groups = (epoch, [tuple(np.array(r, np.int64).reshape(-1, 2).T) for r, _ in
+                                    self.schedule.groups(epoch)])
+        return self._groups[1][group]
+
+    def chunk_fetch(self, items, inputs):
+        """The Belady changesets of what the chunk reads outside its mega-batch ∪ static set; positions
+        are made positions in each batch's sorted input rows again (what the stage gathers)."""
+        _, epoch, _, step, _ = items[0]
+        lo, hi = self._group_bounds(epoch, step.group)
+        static = self.schedule._static_mask
+        rows, outside = [], []
+        for ids in inputs:
+            ids = np.sort(ids)
+            k = np.searchsorted(lo, ids, side="right") - 1
+            inside = (k >= 0) & (ids < hi[np.maximum(k, 0)])
+            rows.append(ids)
+            outside.append(np.flatnonzero(~(inside | static[ids])))
+        fetch = self.fetcher([r[o] for r, o in zip(rows, outside)])
+        return fetch._replace(changes=[(a, e, o[p].astype(p.dtype)) for (a, e, p), o in zip(fetch.changes, outside)])
+
+    def check_budget(self):
+        fixed = self.fixed_bytes(self.lookahead) - self.cache_bytes()
+        if fixed <= self.budget:
+            return super().check_budget()
+        parts = ", ".join(f"{k} {format_size(v)}" for k, v in self.memory().items() if k != "feature_rows")
+        raise UserError(
+            f"policy composed needs {format_size(fixed)} resident before any Belady cache (static set "
+            f"{format_size(self.setup_rows() * self.store.row_bytes)}, {self.buffers()} mega-batch buffer(s) of "
+            f"{format_size(self.group_rows() * self.store.row_bytes)}, {parts}; topology {self.topology}) but "
+            f"--memory-budget is {format_size(self.budget)}; lower --parts-per-megabatch, --static-ratio, "
+            f"--history-ratio or --superbatch, use --no-pipeline (one buffer), or raise --memory-budget")
+
+    def describe(self):
+        o = self.options
+        return {"composed": {
+            "megabatch": {"parts": o.parts_per_megabatch, "r_s": o.static_ratio, "passes": o.passes,
+                          "static_scope": o.static_scope, "pipeline": self.pipeline, "induced": self.induces,
+                          "buffer_rows": self.group_rows(), "static_rows": self.setup_rows()},
+            "belady": {"superbatch": self.lookahead, "cache_rows": self.cache_rows},
+            "history": {"ratio": self.history_ratio, "by": o.history_by, "staleness": o.staleness,
+                        "nodes": self.history.count if self.history else 0}}}
+
+
 POLICIES = {p.name: p for p in (InMemoryPlan, MmapPlan, HierBatchingPlan, OutrePlan, GinexPlan, MacrobatchPlan,
-                                MariusPlan)}
+                                MariusPlan, ComposedPlan)}
 
 
 def make_plan(store, cfg) -> Plan:

@@ -17,12 +17,15 @@ from .errors import UserError
 
 class CachedReader:
     """Rows `rows` [capacity, D] (float32) at slots `slot[id]` (int32 [N], −1 = not resident),
-    over a fallback `reader` for the rest."""
+    over a fallback `reader` for the rest. The last `dynamic` slots (default all) are the dynamic
+    part a replacement policy drives (`apply`, `make`); the slots before it hold what a plan's steps
+    place and point at (setup rows, loaded ranges)."""
 
-    def __init__(self, reader, num_nodes, capacity):
+    def __init__(self, reader, num_nodes, capacity, dynamic=None):
         self.reader, self.num_nodes, self.dim = reader, int(num_nodes), reader.dim
         self.rows = torch.empty((int(capacity), self.dim), dtype=torch.float32)
         self.slot = np.full(self.num_nodes, -1, dtype=np.int32)
+        self.dynamic_base = 0 if dynamic is None else int(capacity) - int(dynamic)
         self._free = None                                 # free slots of `apply`, made on first use
 
     @property
@@ -44,8 +47,20 @@ class CachedReader:
         self.point(ids, base)
 
     def point(self, ids, base):
-        """Point `ids` at slots base.. (their rows are already there: a loader wrote them)."""
+        """Point `ids` at slots base.. (their rows are already there: a loader wrote them); a row the
+        dynamic part held there leaves it (its slot is free again)."""
+        self.release(ids)
         self.slot[ids] = np.arange(base, base + len(ids), dtype=np.int32)
+
+    def release(self, ids):
+        """Free the dynamic slots of those of `ids` the dynamic part holds."""
+        if self._free is None or self.dynamic_base >= self.capacity:
+            return
+        slots = self.slot[ids]
+        slots = slots[slots >= self.dynamic_base]
+        if len(slots):
+            self._free[self._nfree:self._nfree + len(slots)] = slots
+            self._nfree += len(slots)
 
     def drop(self, ids):
         self.slot[ids] = -1
@@ -78,6 +93,7 @@ class CachedReader:
         if self._free is None:                            # a stack of free slots, made on first use
             used = np.zeros(self.capacity, dtype=bool)
             used[self.slot[self.slot >= 0]] = True
+            used[:self.dynamic_base] = True               # the steps' slots are not the policy's
             free = np.flatnonzero(~used)[::-1]
             self._free, self._nfree = np.empty(self.capacity, np.int64), len(free)
             self._free[:len(free)] = free
@@ -95,8 +111,8 @@ class CachedReader:
 
     def make(self, ids) -> int:
         """Hold exactly the sorted rows `ids`: evict the others, read those not held (one coalesced
-        `read_rows`); returns how many were read. For a cache without setup rows (they would go)."""
-        held = np.flatnonzero(self.slot >= 0)
+        `read_rows`) into the dynamic part; returns how many were read. Rows in other slots stay."""
+        held = np.flatnonzero(self.slot >= self.dynamic_base)
         gone, new = np.setdiff1d(held, ids, assume_unique=True), np.setdiff1d(ids, held, assume_unique=True)
         self.apply(gone, new, self.reader.read_rows(new) if len(new) else None)
         return len(new)

@@ -180,7 +180,7 @@ class Runtime:
     def __init__(self, store, plan, device="cpu"):
         self.store, self.plan = store, plan
         self.h2d = HostToDevice(device)               # the model's device: pinned buffers, side stream
-        self.cached = CachedReader(store.reader("direct"), store.num_nodes, plan.capacity())
+        self.cached = CachedReader(store.reader("direct"), store.num_nodes, plan.capacity(), plan.dynamic_rows())
         self.topology = NeighbourLists(store, plan.list_capacity())
         self.sampler = Sampler(self.topology, plan.fanouts, plan.seed, dense=plan.dense)
         self.io_before_switch = IOStats()             # stats of readers replaced mid-run
@@ -190,7 +190,7 @@ class Runtime:
         self.loader = (PartitionBuffer if plan.partition_buffer else RangeLoader)(self, plan.pipeline)
         self.cap = PageCacheCap(self) if plan.reader == "mmap" else OwnBudget(self)
         self.stage = None                             # the history stage: made at setup (it may profile)
-        self.ahead = AheadStage(self) if plan.lookahead else None   # sample ahead, then fetch (Ginex, BatchGNN)
+        self.ahead = AheadStage(self) if plan.lookahead else None   # sample ahead, then fetch (Ginex, BatchGNN, composed)
         # evaluation (and the plan's profiling) read lists outside the measured run: with their own reader
         self.eval_topology = self.topology if plan.topology == "memory" else \
             self.topology.view(NeighbourLists.index_reader(store))
@@ -272,8 +272,7 @@ class Runtime:
             out = self.sampler.sample(*args)
             self._time("sample", time.perf_counter() - t)
             return out
-        # its steps move nothing (random batches): no residency change to make between them
-        return self.ahead.walk(sampled_steps(steps, SimpleNamespace(sample=timed_sample), start=start))
+        return self.ahead.walk(steps, timed_sample, before, start)
 
     def gather(self, ids):
         """Feature rows of `ids` for training (resident from RAM, the rest read), into a pinned buffer

@@ -15,7 +15,7 @@ step. Three schedules, one contract (`schedule.epoch(e)`, deterministic from (se
 - `megabatch`: HierBatching Alg. 1: groups of N_d random parts (features + adjacency
   resident) plus a static cache of the ⌊r_s·N⌋ highest-degree nodes (features + adjacency,
   resident for the whole run); p passes over the group's training nodes; sampling only
-  inside the resident subgraph (`visible`).
+  inside the resident subgraph (`visible`), or over the whole graph with `restricted=False`.
 
 Residency is two independent sets: store-id *ranges* (a part is `[off[k], off[k+1])`, one
 sequential read of features.bin and of its CSR slice of indices.bin) and scattered *ids*
@@ -233,8 +233,9 @@ class MegabatchSchedule(_GroupSchedule):
     restricted = True
 
     def __init__(self, store, batch_size=1024, parts_per_megabatch=8, static_ratio=0.01, passes=1.0,
-                 static_scope="adjacent", seed=0, assignment=None):
+                 static_scope="adjacent", seed=0, assignment=None, restricted=True):
         super().__init__(store, batch_size, seed, assignment)
+        self.restricted = bool(restricted)        # False: sampling covers the graph (the composed policy)
         if int(parts_per_megabatch) < 1:
             raise UserError(f"parts_per_megabatch must be >= 1, got {parts_per_megabatch}")
         if not 0 <= static_ratio <= 1:
@@ -254,7 +255,8 @@ class MegabatchSchedule(_GroupSchedule):
 
     def params(self):
         return {**super().params(), "parts_per_megabatch": self.parts_per_megabatch,
-                "static_ratio": self.static_ratio, "passes": self.passes, "static_scope": self.static_scope}
+                "static_ratio": self.static_ratio, "passes": self.passes, "static_scope": self.static_scope,
+                **({} if self.restricted else {"restricted": False})}
 
     def batches(self, train, rng):
         """floor(p) full passes, then a fresh shuffle's first round(frac(p)·|train|) nodes (App. B)."""

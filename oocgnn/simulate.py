@@ -14,6 +14,7 @@ columns counts the pruned computation graph (`history_prune`).
 from __future__ import annotations
 
 import time
+from itertools import islice
 
 import numpy as np
 import pandas as pd
@@ -283,16 +284,19 @@ def simulate(store, plan, fanouts=None, epochs=1, seed=0, feature_cache=None, ne
     rows, t0 = [], time.perf_counter()
     bar = tqdm(desc=f"simulate {plan.schedule.name}", unit="batch", disable=not progress, leave=False)
     loads = {}
-    walk = sampled_steps(plan, Sampler(store.neighbour_lists(), plan.fanouts, plan.seed, plan.dense), epochs,
-                         before=lambda i, step: loads.__setitem__(i, res.apply(step)))
-    # a plan that samples ahead fetches per chunk of batches (`oocgnn.ahead`); the others per batch
-    for items, fetch in chunks(plan, walk) if plan.lookahead else (([item], None) for item in walk):
-        if steps is not None and len(rows) >= steps:
-            break
+    sampler = Sampler(store.neighbour_lists(), plan.fanouts, plan.seed, plan.dense)
+    before = lambda i, step: loads.__setitem__(i, res.apply(step))   # noqa: E731
+    # a plan that samples ahead fetches per chunk of batches (`oocgnn.ahead`: each sampled, after its
+    # residency change, when its chunk starts, and counted before the next chunk's change); the others per batch
+    walked = islice(plan.steps(epochs), steps)          # a run cut by max_steps: its last chunk is cut too
+    if plan.lookahead:
+        walk = chunks(plan, ((i, e, b, s) for i, (e, b, s) in enumerate(walked)), sampler.sample, before,
+                      None if stamps is None else stamps.copy())
+    else:
+        walk = (([item], None) for item in sampled_steps(walked, sampler, before=before))
+    for items, fetch in walk:
         begin = res.fetch(fetch) if fetch is not None else None
         for k, (i, epoch, b, step, sample) in enumerate(items):
-            if steps is not None and len(rows) >= steps:
-                break
             row = {"epoch": epoch, "batch": b, "group": step.group, "seeds": len(step.seeds),
                    "visible_nodes": store.num_nodes if step.visible is None else len(step.visible)}
             load = loads.pop(i)

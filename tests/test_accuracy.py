@@ -70,6 +70,9 @@ OOC = {"hierbatching": {"static_ratio": 0.01, "passes": 2.0},
        "ginex": {"superbatch": 4},
        "macrobatch": {"memory_budget": "256MB"}}
 AHEAD = ("ginex", "macrobatch")
+# composed: HierBatching's mega-batches (its knobs above) with sampling over the graph, a Belady cache of the
+# rows outside them (S = 4 as ginex's) and OUTRE's histories; its budget holds the samples of two chunks on `small`
+COMPOSED = {**OOC["hierbatching"], **OOC["outre"], "superbatch": 4}
 # MariusGNN's partition buffer, a quarter of p = 16 partitions (its Table 8's buffer), by ordering
 MARIUS = {o: {"policy": "marius", "ordering": o, "buffer_parts": 4} for o in ("comet", "beta")}
 
@@ -86,10 +89,12 @@ def test_out_of_core_matches_inmemory_on_small(tmp_path):
     Ginex and macrobatching train exactly as in memory (only the order of independent work changes)."""
     path = _partitioned(generate("small"), tmp_path / "small", 256)
     marius = {o: {**k, "memory_budget": "80MB"} for o, k in MARIUS.items()}
-    means = _means(path, tmp_path, {"inmemory": {}, **OOC, **marius}, epochs=SMALL_EPOCHS, memory_budget="64MB",
-                   parts_per_megabatch=32, max_eval_nodes=3000)
+    composed = {"composed": {**COMPOSED, "memory_budget": "96MB"}}
+    means = _means(path, tmp_path, {"inmemory": {}, **OOC, **marius, **composed}, epochs=SMALL_EPOCHS,
+                   memory_budget="64MB", parts_per_megabatch=32, max_eval_nodes=3000)
     for policy in OOC:
         assert abs(means[policy] - means["inmemory"]) <= 0.01, means
+    assert means["composed"] >= means["inmemory"] - 0.01, means
     for policy in AHEAD:
         assert means[policy] == means["inmemory"], means
     # MariusGNN §5.1: COMET recovers what BETA's correlated states lose (both sample inside the buffer only)
@@ -107,7 +112,8 @@ def _ooc_real(name, tmp_path, epochs):
              # ~3 iterations per epoch here: a staleness of 2 is OUTRE's 100-of-1500 in spirit
              "outre": {**OOC["outre"], "parts_per_macro": 32, "staleness": 2},
              # ginex: a cache of 40 % of the features (23 MB); macrobatch: two unions of up to every row
-             "ginex": {"memory_budget": "24MB"}, "macrobatch": {"memory_budget": "64MB"}, **MARIUS}
+             "ginex": {"memory_budget": "24MB"}, "macrobatch": {"memory_budget": "64MB"}, **MARIUS,
+             "composed": {**COMPOSED, "parts_per_megabatch": 8, "staleness": 2}}
     return _means(path, tmp_path, knobs, **kw)
 
 
@@ -115,6 +121,7 @@ def test_out_of_core_matches_inmemory_on_amazon_photo(tmp_path):
     means = _ooc_real("amazon_photo", tmp_path, epochs=30)
     for policy in OOC:
         assert means[policy] >= means["inmemory"] - 0.01, means
+    assert means["composed"] >= means["inmemory"] - 0.01, means
     for policy in AHEAD:
         assert means[policy] == means["inmemory"], means
     assert means["comet"] >= means["inmemory"] - 0.01 and means["comet"] > means["beta"], means

@@ -12,7 +12,7 @@ from oocgnn.config import TrainConfig
 from oocgnn.errors import UserError
 from oocgnn.macrobatch import macrobatch_fetch
 from oocgnn.policies import make_plan
-from oocgnn.sampler import Sampler, sampled_steps
+from oocgnn.sampler import Sampler
 from oocgnn.simulate import simulate
 from oocgnn.trace import Trace, record_trace
 from oocgnn.train import train
@@ -25,8 +25,8 @@ def _cfg(store, tmp_path, **kw):
 
 
 def _chunks(store, plan, epochs=1):
-    walk = sampled_steps(plan, Sampler(store.neighbour_lists(), plan.fanouts, plan.seed, plan.dense), epochs)
-    return list(chunks(plan, walk))
+    sampler = Sampler(store.neighbour_lists(), plan.fanouts, plan.seed, plan.dense)
+    return list(chunks(plan, ((i, e, b, s) for i, (e, b, s) in enumerate(plan.steps(epochs))), sampler.sample))
 
 
 @pytest.mark.parametrize("sampler", ["per-hop", "dense"])
@@ -130,10 +130,14 @@ def test_union_buffers_sized_by_the_largest_union(fennel16, tmp_path):
         train(short)
 
 
-def test_a_killed_ginex_run_resumes_to_the_same_losses(fennel16, tmp_path, kill_at):
+@pytest.mark.parametrize("kw", [{"policy": "ginex", "superbatch": 4, "memory_budget": "3MB"},
+                                {"policy": "composed", "parts_per_megabatch": 4, "superbatch": 4, "memory_budget": "5MB",
+                                 "history_ratio": 0.2, "staleness": 5}], ids=["ginex", "composed"])
+def test_a_killed_sample_ahead_run_resumes_to_the_same_losses(fennel16, tmp_path, kill_at, kw):
     """Resumed mid-superbatch, the run samples the rest of that superbatch ahead again (its cache starts
-    cold, so it may read more) and trains to the same losses and accuracies."""
-    kw = {"policy": "ginex", "superbatch": 4, "memory_budget": "3MB", "checkpoint_every": 3}
+    cold, so it may read more) and trains to the same losses and accuracies (composed: with its
+    mega-batch reloaded and its histories restored)."""
+    kw = {**kw, "checkpoint_every": 3}
     whole = train(_cfg(fennel16, tmp_path, out=str(tmp_path / "whole"), **kw))
     kill_at(5)
     with pytest.raises(KeyboardInterrupt):
@@ -143,3 +147,39 @@ def test_a_killed_ginex_run_resumes_to_the_same_losses(fennel16, tmp_path, kill_
     assert resumed["resumed_at"] == 3
     cols = ["epoch", "step", "train_loss", "val_acc", "test_acc"]
     assert resumed["log"][cols].equals(whole["log"][cols])
+
+
+def test_composed_chunks_stay_in_a_megabatch_and_fetch_only_outside_it(fennel16, tmp_path):
+    """Composed: a chunk never spans two mega-batches, and its Belady cache holds and admits only rows
+    outside the mega-batch ∪ static set, at positions of each batch's sorted input rows."""
+    plan = make_plan(fennel16, _cfg(fennel16, tmp_path, policy="composed", parts_per_megabatch=4, superbatch=5,
+                                    static_ratio=0.05, history_ratio=0.0, memory_budget="5MB"))
+    assert 0 < plan.cache_rows < fennel16.num_nodes
+    groups = {}
+    for items, fetch in _chunks(fennel16, plan, epochs=2):
+        epoch, group = items[0][1], items[0][3].group
+        assert len({(it[1], it[3].group, it[2] // 5) for it in items}) == 1, "one chunk, one mega-batch"
+        groups[epoch, group] = groups.get((epoch, group), 0) + 1
+        inside = plan.schedule._static_mask.copy()
+        for lo, hi in plan.schedule.groups(epoch)[group][0]:
+            inside[lo:hi] = True
+        assert not inside[fetch.resident].any()
+        for it, (admit, evict, pos) in zip(items, fetch.changes, strict=True):
+            assert not inside[admit].any()
+            np.testing.assert_array_equal(np.sort(it[4].input_nodes)[pos], admit)
+    assert max(groups.values()) > 1, "mega-batches of several chunks"
+
+
+def test_composed_budget_error_says_what_to_change(fennel16, tmp_path):
+    with pytest.raises(UserError, match="lower --parts-per-megabatch, --static-ratio, --history-ratio or "
+                                        "--superbatch"):
+        make_plan(fennel16, _cfg(fennel16, tmp_path, policy="composed", parts_per_megabatch=8, memory_budget="1MB"))
+
+
+def test_shared_settings_set_every_policy_that_has_them(fennel16):
+    """One flag, one meaning: composed's mega-batch, superbatch and history settings are its parts'."""
+    cfg = TrainConfig.create(store=str(fennel16.path), policy="composed", passes=3.0, superbatch=7, staleness=9)
+    assert cfg.hierbatching.passes == cfg.composed.passes == cfg.get("passes") == 3.0
+    assert cfg.ginex.superbatch == cfg.composed.superbatch == 7 and cfg.outre.staleness == cfg.composed.staleness == 9
+    with pytest.raises(UserError, match="staleness must be >= 1"):
+        TrainConfig.create(store=str(fennel16.path), policy="composed", staleness=0)

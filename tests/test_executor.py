@@ -40,6 +40,14 @@ RUNS = {
                     "topology": "disk"},
     "marius-dense": {"policy": "marius", "sampler": "dense", "fanouts": "5,10,15", "memory_budget": "2MB"},
     "marius-sequential-sync": {"policy": "marius", "ordering": "sequential", "buffer_parts": 5, "prefetch": False},
+    # mega-batches, a Belady cache of what chunks read outside them (chunks cut at mega-batch edges), histories
+    "composed": {"parts_per_megabatch": 4, "static_ratio": 0.02, "passes": 1.5, "superbatch": 3,
+                 "history_ratio": 0.2, "staleness": 5, "memory_budget": "4500KB"},
+    "composed-disk-sync": {"policy": "composed", "parts_per_megabatch": 3, "static_ratio": 0.0, "passes": 1.0,
+                           "superbatch": 4, "pipeline": False, "topology": "disk", "history_ratio": 0.1,
+                           "history_by": "degree", "staleness": 1000, "memory_budget": "3500KB"},
+    "composed-induced": {"policy": "composed", "parts_per_megabatch": 4, "static_ratio": 0.02, "induced": True,
+                         "history_ratio": 0.2, "staleness": 5, "topology": "disk"},
 }
 
 
@@ -217,3 +225,11 @@ def test_hierbatching_rule_uses_the_stored_topology(fennel16, tmp_path):
     plan = make_plan(fennel16, _cfg(fennel16, tmp_path, policy="hierbatching", parts_per_megabatch=4))
     index_bytes = np.dtype(fennel16.meta["index_dtype"]).itemsize * fennel16.num_edges
     assert plan.rule()["B"] == fennel16.indptr.nbytes + index_bytes
+
+
+@pytest.mark.parametrize("name", ["ginex", "composed"])
+def test_a_run_cut_mid_chunk_reads_what_simulate_counts_for_its_steps(fennel16, tmp_path, name):
+    """--max-steps inside a chunk: the run's last chunk is cut, and simulate(steps=k) cuts it alike."""
+    cfg = _cfg(fennel16, tmp_path, **{"policy": name, **RUNS[name], "max_steps": 7})
+    df = simulate(fennel16, make_plan(fennel16, cfg), epochs=cfg.epochs, steps=7, progress=False)
+    _assert_agree(train(cfg), summarize(df).sum(), df.attrs["setup"], exact=True)
