@@ -31,11 +31,12 @@ GRID = {
     "hierbatching": [{"parts_per_megabatch": n, "passes": p} for n in (4, 8, 16, 32, 64, 128, 256, 512)
                      for p in (1.0, 2.0)],
     "outre": [{"parts_per_macro": k} for k in (10, 20, 40)],
-    "ginex": [{"superbatch": s} for s in (4, 16, 64)],
+    "ginex": [{"superbatch": s} for s in (2, 4, 16)],
     "macrobatch": [{"macrobatch": k} for k in (1, 2, 4, 8)],
     "marius": [{"ordering": o} for o in ("comet", "beta")],
+    "composed": [{"parts_per_megabatch": n, "superbatch": 4} for n in (4, 8, 16, 32, 64, 128, 256, 512)],
 }
-MEGABATCH_KEEP = 3      # hierbatching: only the largest N_d that fit (more parts per mega-batch mix better)
+MEGABATCH_KEEP = 3      # mega-batch policies: only the largest N_d that fit (more parts per mega-batch mix better)
 
 
 def _label(policy, knobs) -> str:
@@ -63,12 +64,13 @@ def candidates(store, cfg, policies=None) -> pd.DataFrame:
                 row.update(fits=False, reason=str(e).split(";")[0], resident_bytes=0)
             rows.append(row)
     df = pd.DataFrame(rows)
-    hb = df[(df.policy == "hierbatching") & df.fits]
-    if len(hb):                     # keep the largest mega-batches only
-        nd = hb.knobs.map(lambda k: json.loads(k)["parts_per_megabatch"])
-        keep = set(sorted(nd.unique())[-MEGABATCH_KEEP:])
-        drop = hb.index[~nd.isin(keep)]
-        df.loc[drop, ["fits", "reason"]] = [False, "a larger N_d fits"]
+    for policy in ("hierbatching", "composed"):     # keep the largest mega-batches only
+        hb = df[(df.policy == policy) & df.fits]
+        if len(hb):
+            nd = hb.knobs.map(lambda k: json.loads(k)["parts_per_megabatch"])
+            keep = set(sorted(nd.unique())[-MEGABATCH_KEEP:])
+            drop = hb.index[~nd.isin(keep)]
+            df.loc[drop, ["fits", "reason"]] = [False, "a larger N_d fits"]
     return df.reset_index(drop=True)
 
 

@@ -75,7 +75,8 @@ def test_train_config_file_and_overrides(fennel16, tmp_path, capsys):
     assert main(["train", "--config", str(first / "config.json"), "--passes", "1", "--out", str(again)]) == 0
     a, b = (json.loads((d / "config.json").read_text()) for d in (first, again))
     assert b["hierbatching"] == {**a["hierbatching"], "passes": 1.0}
-    skip = ("hierbatching", "out", "run_id", "schedule", "host")
+    assert b["composed"] == {**a["composed"], "passes": 1.0}      # one flag sets every policy sharing it
+    skip = ("hierbatching", "composed", "out", "run_id", "schedule", "host")
     assert {k: v for k, v in b.items() if k not in skip} == {k: v for k, v in a.items() if k not in skip}
 
 
