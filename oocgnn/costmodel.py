@@ -342,18 +342,6 @@ def predict(store, plan, rates: DiskRates, costs: StepCosts, steps=None, df=None
             "exact_io": bool(plan.exact_io)}
 
 
-def predict_config(cfg, steps=None, rates=None, costs=None, cache=None) -> dict:
-    """`predict` for a run configuration: its plan (checked against the budget), this machine's rates and
-    the calibration of its model settings (measured now if not cached)."""
-    from .policies import make_plan
-    from .store import open_store
-    store = open_store(cfg.store)
-    plan = make_plan(store, cfg)
-    rates = rates or measure_disk(store, cache=cache)
-    costs = costs or calibrate(store, cfg, cache=cache)
-    return predict(store, plan, rates, costs, steps=steps)
-
-
 def check_prediction(predicted: dict, measured_epoch_s: float, tolerance=0.2) -> dict:
     """Predicted vs measured epoch seconds: their ratio and whether it is within ±tolerance."""
     if measured_epoch_s <= 0:

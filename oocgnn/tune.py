@@ -45,8 +45,13 @@ def _label(policy, knobs) -> str:
 
 def candidates(store, cfg, policies=None) -> pd.DataFrame:
     """Every (policy, knobs) of `GRID` for `cfg`'s store and budget: whether its plan fits and, if not, why."""
+    return _candidates(store, cfg, policies)[0]
+
+
+def _candidates(store, cfg, policies=None) -> tuple:
+    """`candidates`, and the plans of the fitting ones by row (built once: OUTRE's profiles its split)."""
     from .policies import POLICIES, make_plan
-    rows = []
+    rows, plans = [], {}
     for policy, grid in GRID.items():
         if policy not in POLICIES or (policies and policy not in policies):
             continue
@@ -60,6 +65,7 @@ def candidates(store, cfg, policies=None) -> pd.DataFrame:
                 if policy == "hierbatching" and not plan.rule()["holds"]:
                     raise UserError("HierBatching App. B rule 2(r_s + r_d)(A + B) <= C does not hold")
                 row.update(fits=True, reason="", resident_bytes=int(plan.resident_bytes()))
+                plans[len(rows)] = plan
             except UserError as e:
                 row.update(fits=False, reason=str(e).split(";")[0], resident_bytes=0)
             rows.append(row)
@@ -71,7 +77,7 @@ def candidates(store, cfg, policies=None) -> pd.DataFrame:
             keep = set(sorted(nd.unique())[-MEGABATCH_KEEP:])
             drop = hb.index[~nd.isin(keep)]
             df.loc[drop, ["fits", "reason"]] = [False, "a larger N_d fits"]
-    return df.reset_index(drop=True)
+    return df, plans
 
 
 def rank(store, cfg, rates, costs, policies=None, steps=None, progress=True) -> pd.DataFrame:
@@ -79,14 +85,12 @@ def rank(store, cfg, rates, costs, policies=None, steps=None, progress=True) -> 
     `steps` batches when given), fastest first."""
     from tqdm.auto import tqdm
     from .costmodel import predict
-    from .policies import make_plan
-    df = candidates(store, cfg, policies)
+    df, plans = _candidates(store, cfg, policies)
     out = []
-    for _, row in tqdm(df.iterrows(), total=len(df), desc="predicting", disable=not progress, leave=False):
+    for i, row in tqdm(df.iterrows(), total=len(df), desc="predicting", disable=not progress, leave=False):
         row = row.to_dict()
         if row["fits"]:
-            c = cfg.replace(policy=row["policy"], **json.loads(row["knobs"]))
-            p = predict(store, make_plan(store, c), rates, costs, steps=steps)
+            p = predict(store, plans[i], rates, costs, steps=steps)
             row.update(predicted_s=p["epoch_s"], predicted_step_s=p["seconds"] / max(1, p["steps"]),
                        epoch_steps=p["epoch_steps"], cpu_s=p["sample"] + p["gather"] + p["compute"],
                        read_s=p["read"], load_s=p["load"], disk_mib=p["disk_bytes"] / 2**20,
