@@ -31,14 +31,14 @@ DEFAULT_POLICIES = "inmemory,mmap,hierbatching,outre,ginex,macrobatch,marius,mar
 SKIP = 4      # with --steps: the first steps of a fresh process, run but not measured
 
 
-def steady_epoch_s(summary, steps):
-    """A run's steady-state epoch seconds from its steps.csv: its second epoch's steps (one epoch per
-    prediction), or with `steps`, the mean of the steps after the first SKIP times an epoch's steps."""
+def steady_epoch_s(summary, skip=0):
+    """A run's steady-state epoch seconds from its steps.csv: its second epoch's steps, or with `skip`
+    (a run of a window of an epoch), the mean of the steps after the first `skip` times an epoch's steps."""
     import pandas as pd
     per = pd.read_csv(Path(summary["run_dir"]) / "steps.csv")
-    if not steps:
+    if not skip:
         return float(per[per.epoch == 1].seconds.sum())
-    return float(per.seconds.iloc[SKIP:].mean() * summary["epoch_steps"])
+    return float(per.seconds.iloc[skip:].mean() * summary["epoch_steps"])
 
 
 def loadavg():
@@ -96,19 +96,25 @@ def main(argv=None):
             if name not in bench_train.VARIANTS:
                 raise SystemExit(f"unknown configuration {name!r}; choose from {', '.join(bench_train.VARIANTS)}")
             policy, over = bench_train.VARIANTS[name]
-            # steady state: a fresh process's first steps (allocations, thread pools) are not an epoch's
+            # steady state: a fresh process's first steps (allocations, thread pools) are not an epoch's,
+            # nor is a window's first phase (its first group's load stands alone); both sides skip them
             cfg = TrainConfig.create(**{**base, **over, "policy": policy, "epochs": 1 if args.steps else 2,
-                                        "max_steps": args.steps + SKIP if args.steps else 0,
                                         "out": str(Path(tmp) / name)})
             try:
                 plan = make_plan(store, cfg)
             except UserError as e:
                 print(f"  {name:<14} skipped: {e}", flush=True)
                 continue
-            pred = costmodel.predict(store, plan, rates, costs, steps=args.steps or None)
+            skip = 0
+            if args.steps:
+                first = costmodel.predict(store, plan, rates, costs, steps=args.steps)["first_phase_steps"]
+                skip = max(SKIP, first if first < args.steps else 0)
+                cfg = cfg.replace(max_steps=args.steps + skip)
+                plan = make_plan(store, cfg)
+            pred = costmodel.predict(store, plan, rates, costs, steps=args.steps + skip if args.steps else None)
             load = loadavg()
             s = train_fresh(cfg)
-            measured = steady_epoch_s(s, args.steps)
+            measured = steady_epoch_s(s, skip)
             check = costmodel.check_prediction(pred, measured, args.tolerance)
             rows.append({"config": name, "steps": s["steps"], "epoch_steps": s["epoch_steps"],
                          "predicted_s": pred["epoch_s"], "measured_s": measured, "ratio": check["ratio"],

@@ -86,7 +86,9 @@ def measure_disk(store, repeats=3, random_reads=8192, seq_bytes=256 << 20, cache
 
     Sequential: `read_range` over up to `seq_bytes` of the file; random: `read_rows` of
     `random_reads` distinct rows on distinct pages, spread over the file; depth 1: single
-    O_DIRECT 4 KiB preads at random pages. Medians of `repeats`."""
+    O_DIRECT 4 KiB preads at random pages. Dirty pages are written back first (`os.sync`: a store just
+    written is still being flushed, and its writeback slows reads several-fold), one untimed round warms
+    the device, then medians of `repeats` rounds."""
     path = Path(store.features_path)
     key, file = _device_key(path), cache_dir(cache) / "disk-rates.json"
     saved = _load(file)
@@ -99,8 +101,9 @@ def measure_disk(store, repeats=3, random_reads=8192, seq_bytes=256 << 20, cache
     pages_total = max(1, n // per_page)
     seq_rows = int(min(n, max(1, seq_bytes // stride)))
     seq, deep, qd1 = [], [], []
+    os.sync()
     try:
-        for _ in range(repeats):
+        for _ in range(repeats + 1):
             t = time.perf_counter()
             for lo in range(0, seq_rows, max(1, (8 << 20) // stride)):
                 reader.read_range(lo, min(seq_rows, lo + max(1, (8 << 20) // stride)))
@@ -115,6 +118,7 @@ def measure_disk(store, repeats=3, random_reads=8192, seq_bytes=256 << 20, cache
             qd1.append(_qd1_rate(path, pages_total * per_page * stride, rng))
     finally:
         reader.close()
+    seq, deep, qd1 = seq[1:], deep[1:], qd1[1:]          # the warm-up round
     rates = DiskRates(statistics.median(seq), statistics.median(deep), statistics.median(qd1), key)
     saved[key] = asdict(rates)
     _save(file, saved)
@@ -297,8 +301,8 @@ def mmap_faults(store, plan, steps=None) -> np.ndarray:
 def predict(store, plan, rates: DiskRates, costs: StepCosts, steps=None, df=None) -> dict:
     """Predicted seconds of the first `steps` batches (default an epoch) of `plan`, and the parts.
 
-    Returns `seconds` (the prediction), `epoch_s` (extrapolated to an epoch of the plan's batches, as a
-    run cut by `max_steps` reports), the totals of each stage (`sample`, `gather`, `compute`, `read`:
+    Returns `seconds` (the prediction, from a standing start), `epoch_s` (an epoch in the steady state,
+    `_steady_epoch_s`: extrapolated from a window of `steps`), the totals of each stage (`sample`, `gather`, `compute`, `read`:
     random reads, `load`: residency changes and fetches), `fg`/`bg` totals and the I/O they come from."""
     from .simulate import simulate
     if df is None:
@@ -334,12 +338,29 @@ def predict(store, plan, rates: DiskRates, costs: StepCosts, steps=None, df=None
     seconds = float(b[0] + np.maximum(f, np.append(b[1:], 0.0)).sum()) if len(per) else 0.0
     epoch_steps = sum(1 for e, _, _ in plan.schedule.steps(1))
     return {"policy": plan.name, "steps": len(df), "epoch_steps": epoch_steps, "seconds": seconds,
-            "epoch_s": seconds * epoch_steps / max(1, len(df)),
+            "epoch_s": _steady_epoch_s(f, b, per.index, ph, epoch_steps, len(df)),
             "sample": float(sample.sum()), "gather": float(gather.sum()), "compute": float(compute.sum()),
             "read": float(read.sum()), "load": float(load.sum()), "load_cpu": float(load_cpu.sum()), "fg": float(f.sum()), "bg": float(b.sum()),
-            "phases": len(per), "disk_bytes": int(df["feature_pages_read"].sum() + df["neighbour_pages_read"].sum()
+            "phases": len(per), "first_phase_steps": int((ph == per.index[0]).sum()) if len(per) else 0,
+            "disk_bytes": int(df["feature_pages_read"].sum() + df["neighbour_pages_read"].sum()
                                                    + df["load_pages"].sum()) * PAGE,
             "exact_io": bool(plan.exact_io)}
+
+
+def _steady_epoch_s(f, b, order, ph, epoch_steps, steps) -> float:
+    """An epoch's seconds once a run is under way (what a second epoch takes): the pipeline carries over
+    between epochs, so the first phase's background work hides behind the previous epoch's last phase
+    (cyclic) instead of standing alone. For a window of an epoch (`steps` < `epoch_steps`), the phases it
+    saw after its first, extrapolated at their rate: a window's start is not an epoch's steady state."""
+    if not len(f):
+        return 0.0
+    if steps >= epoch_steps:
+        return float(np.maximum(f, np.roll(b, -1)).sum())
+    if len(f) == 1:
+        return float(f[0]) * epoch_steps / max(1, steps)
+    first = int((ph == order[0]).sum())                  # the window's first phase, and its batches
+    rest = float(np.maximum(f[1:], np.append(b[2:], 0.0)).sum())
+    return rest * epoch_steps / max(1, steps - first)
 
 
 def check_prediction(predicted: dict, measured_epoch_s: float, tolerance=0.2) -> dict:
