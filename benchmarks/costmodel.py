@@ -31,14 +31,15 @@ DEFAULT_POLICIES = "inmemory,mmap,hierbatching,outre,ginex,macrobatch,marius,mar
 SKIP = 4      # with --steps: the first steps of a fresh process, run but not measured
 
 
-def steady_epoch_s(summary, skip=0):
+def steady_epoch_s(summary, skip=0, column="seconds"):
     """A run's steady-state epoch seconds from its steps.csv: its second epoch's steps, or with `skip`
-    (a run of a window of an epoch), the mean of the steps after the first `skip` times an epoch's steps."""
+    (a run of a window of an epoch), the mean of the steps after the first `skip` times an epoch's steps.
+    `column`: a stage's seconds (sample_s, gather_s, compute_s) instead of the steps'."""
     import pandas as pd
     per = pd.read_csv(Path(summary["run_dir"]) / "steps.csv")
     if not skip:
-        return float(per[per.epoch == 1].seconds.sum())
-    return float(per.seconds.iloc[skip:].mean() * summary["epoch_steps"])
+        return float(per[per.epoch == 1][column].sum())
+    return float(per[column].iloc[skip:].mean() * summary["epoch_steps"])
 
 
 def loadavg():
@@ -121,8 +122,16 @@ def main(argv=None):
                          "within": check["within"], "cpu_s": pred["sample"] + pred["gather"] + pred["compute"],
                          "read_s": pred["read"], "load_s": pred["load"], "fg_s": pred["fg"], "bg_s": pred["bg"],
                          "exact_io": pred["exact_io"], "measured_stages": s["stage_s"], "load": load})
+            # where a miss comes from: each foreground stage, predicted (an epoch's) and measured (steady)
+            scale = pred["epoch_s"] / max(pred["seconds"], 1e-12)
+            stages = {k: (pred[k] * scale, steady_epoch_s(s, skip, f"{k}_s")) for k in ("sample", "gather", "compute")}
+            rows[-1].update({f"{k}_pred_s": a for k, (a, _) in stages.items()})
+            rows[-1].update({f"{k}_meas_s": b for k, (_, b) in stages.items()})
             print(f"  {name:<14} predicted {pred['epoch_s']:8.2f} s  measured {measured:8.2f} s  "
-                  f"ratio {check['ratio']:.2f}  load {load}", flush=True)
+                  f"ratio {check['ratio']:.2f}  load {load}\n{'':16} " +
+                  "  ".join(f"{k} {a:.2f}/{b:.2f}" for k, (a, b) in stages.items()) +
+                  f"  (predicted/measured s); predicted reads {pred['read'] * scale:.2f}, loads "
+                  f"{pred['load'] * scale:.2f} + CPU {pred['load_cpu'] * scale:.2f} s", flush=True)
     df = pd.DataFrame(rows)
     if df.empty:
         raise SystemExit("no configuration fits the budget")

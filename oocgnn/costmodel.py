@@ -35,7 +35,7 @@ import pandas as pd
 from .errors import UserError
 from .io import PAGE
 
-CACHE_VERSION = 3
+CACHE_VERSION = 4
 
 
 def cache_dir(path=None) -> Path:
@@ -254,10 +254,11 @@ def calibrate(store, cfg, steps=24, cache=None, refresh=False) -> StepCosts:
 
 
 def _calibrate_loads(store, run_cfg, cache) -> tuple:
-    """(seconds per loaded row, per node of an induced subgraph) of residency changes beyond their reads: a short
-    HierBatching run without pipelining (its loads and subgraphs timed where they happen), its load seconds
-    less what this disk's rates say the reads took, over what the simulator counts it loaded. (0, 0) on
-    a store with too few parts to group."""
+    """(processor seconds per loaded row, per node of an induced subgraph) of residency changes: a short
+    HierBatching run without pipelining, the loader thread's CPU time (`time.thread_time`: copying rows
+    into place and the reads' system time, not the wait for the disk, which the rates cover) of its loads
+    and of its subgraphs, over what the simulator counts it loaded and induced. (0, 0) on a store with
+    too few parts to group."""
     from .policies import make_plan
     from .simulate import simulate
     from .train import train
@@ -267,10 +268,9 @@ def _calibrate_loads(store, run_cfg, cache) -> tuple:
                           pipeline=False, memory_budget="1TB", topology="disk")
     summary = train(cfg)
     df = simulate(store, make_plan(store, cfg), epochs=cfg.epochs, progress=False, steps=summary["steps"])
-    st, rates = summary["stage_s"], measure_disk(store, cache=cache)
-    io = rates.seconds(df["load_pages"], df["load_feature_requests"] + df["load_adjacency_requests"]).sum()
+    st = summary["stage_s"]
     rows, nodes = df["load_feature_rows"].sum(), _induced_nodes(df).sum()   # hierbatching induces
-    return (max(0.0, st.get("bg_load", 0.0) - io) / max(rows, 1), st.get("bg_subgraph", 0.0) / max(nodes, 1))
+    return st.get("bg_load_cpu", 0.0) / max(rows, 1), st.get("bg_subgraph_cpu", 0.0) / max(nodes, 1)
 
 
 # ---- the policies ----------------------------------------------------------------------------------

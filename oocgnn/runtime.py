@@ -118,7 +118,7 @@ class RangeLoader:
 
     def _read(self, step, half):
         """Read `step`'s rows and lists into buffer `half`; returns (seconds reading, induced CSC or None)."""
-        t, io0 = time.perf_counter(), self.io()
+        t, c, io0 = time.perf_counter(), time.thread_time(), self.io()
         rt = self.runtime
         base, entry_base = self.bases(half)
         reader, rows = self.reader, rt.cached.rows
@@ -134,6 +134,8 @@ class RangeLoader:
         if "adjacency" in step.data:
             rt.topology.read_ranges(step.enter_ranges, entry_base, self.lists_reader)
         seconds, t = time.perf_counter() - t, time.perf_counter()
+        rt._time("load_cpu", time.thread_time() - c)          # the processor's share (the cost model's)
+        c = time.thread_time()
         io = tuple(a - b for a, b in zip(self.io(), io0))
         induced = None
         if step.visible is not None:
@@ -141,6 +143,7 @@ class RangeLoader:
                                             entry_base)
             induced = induced_csc(rt.topology, step.visible, spans)
         rt._time("subgraph", time.perf_counter() - t)
+        rt._time("subgraph_cpu", time.thread_time() - c)
         return seconds, induced, io
 
     def load(self, step, next_step) -> tuple:

@@ -67,6 +67,9 @@ def test_calibrate_is_cached_and_keyed_by_model(fennel16, tmp_path):
     costs = costmodel.calibrate(fennel16, cfg, steps=4, cache=tmp_path)
     assert costs.steps == 8 and min(costs.sample_s, costs.gather_s, costs.compute_s) >= 0
     assert costs.compute_step_s + costs.compute_s > 0
+    # the loader thread's processor time per row and per induced node: charged, and less than a
+    # millisecond each (the disk's wait is not in it)
+    assert 0 < costs.load_row_s < 1e-3 and 0 < costs.subgraph_s < 1e-3
     assert costmodel.calibrate(fennel16, cfg, cache=tmp_path) == costs           # cached: not re-run
     assert len(json.loads((tmp_path / "calibration.json").read_text())) == 2     # version + one key
     assert costmodel._calibration_key(fennel16, cfg.replace(hidden=32)) != costs.key
