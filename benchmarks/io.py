@@ -158,7 +158,7 @@ def main(argv=None):
         return list(range(start, start + nbytes, req))
 
     nseq = a.range_mib * MiB
-    uring = odirect._L is not None
+    uring = odirect.uring_usable()
     print(f"measuring ({reps} reps each; liburing {'available' if uring else 'MISSING'}) ...", flush=True)
     # readers persist across calls (as in training): their buffers are warmed by one call first
     readers = {b: odirect.DirectReader(path, rows, D, backend=b, threads=a.threads, queue_depth=a.queue_depth,

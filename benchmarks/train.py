@@ -183,7 +183,7 @@ def device_limits(path, reps=3, seq_mib=256, ios=32768, seed=0):
     bio.drop_cache(path)
     rng = np.random.default_rng(seed)
     fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
-    uring = bio.odirect._L is not None            # the liburing binding raw_uring uses
+    uring = bio.odirect.uring_usable()            # the liburing binding raw_uring uses
     res = {}
     nseq = min(seq_mib, max(1, size // MiB // 2)) * MiB      # at most half the file per repetition
     ios = min(ios, size // PAGE // 2)

@@ -9,9 +9,12 @@ from the page cache after each call, so reads stay honest.
 from __future__ import annotations
 
 import errno
+import functools
 import math
 import mmap
 import os
+import subprocess
+import sys
 import warnings
 from concurrent.futures import ThreadPoolExecutor, wait as wait_futures
 
@@ -25,6 +28,22 @@ try:  # optional (pinned in requirements.txt): without it DirectReader uses its 
     import liburing as _L
 except ImportError:  # pragma: no cover - depends on the environment
     _L = None
+
+_PROBE = ("import liburing as L; r = L.Ring(); L.Cqe(); L.io_uring_queue_init(8, r); "
+          "L.io_uring_queue_exit(r)")
+
+
+@functools.lru_cache(maxsize=None)
+def uring_usable() -> bool:
+    """Whether the liburing binding runs here. Its wheel can use instructions this processor lacks
+    (measured: SIGILL on building a ring), which no `try` can catch, so a child process builds a ring
+    first, once per process."""
+    if _L is None:
+        return False
+    try:
+        return subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, timeout=120).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
 
 
 def _anon(nbytes: int) -> mmap.mmap:
@@ -103,6 +122,8 @@ class DirectReader(FeatureReader):
         """Set up the ring and check one read against preadv; returns None or why it failed."""
         if _L is None:
             return "liburing is not installed"
+        if not uring_usable():
+            return "the liburing binding crashes on this processor (a child process building a ring died)"
         try:
             self._ring, self._cqe = _L.Ring(), _L.Cqe()
             _L.io_uring_queue_init(self.queue_depth, self._ring)

@@ -13,7 +13,7 @@ from oocgnn.direct import DirectReader
 from oocgnn.io import PAGE, IOStats, feature_row_stride
 from oocgnn.readers import READERS, MemoryReader, MmapReader, open_reader
 
-BACKENDS = ["threads"] + (["uring"] if odirect._L is not None else [])
+BACKENDS = ["threads"] + (["uring"] if odirect.uring_usable() else [])
 
 
 def write_features(path, n, dim, seed=0, stride=None, offset=0):
