@@ -35,7 +35,7 @@ import pandas as pd
 from .errors import UserError
 from .io import PAGE
 
-CACHE_VERSION = 4
+CACHE_VERSION = 5
 
 
 def cache_dir(path=None) -> Path:
@@ -150,8 +150,10 @@ def _qd1_rate(path, size, rng, reads=1024) -> float:
 class StepCosts:
     """CPU seconds of a batch's stages, from a calibration run (`calibrate`): each stage costs a constant
     per step (Python, kernel launches, the optimiser's step over every parameter) plus a cost per unit —
-    sampling per expanded node (the dst nodes of every layer), gathering and the model's forward,
-    backward and step per input row."""
+    sampling per expanded node (the dst nodes of every layer), gathering per input row, and the model's
+    forward, backward and step per `compute_unit`: expanded nodes (a layer that transforms its dst nodes
+    and aggregates their edges: SAGE, GIN) or input rows (one that transforms every src node: GAT),
+    whichever fits the calibration runs better."""
     sample_s: float
     gather_s: float
     compute_s: float
@@ -162,6 +164,7 @@ class StepCosts:
     subgraph_s: float = 0.0       # inducing a group's subgraph, per node it holds (HierBatching, Marius)
     steps: int = 0
     key: str = ""
+    compute_unit: str = "rows"
 
     def load_seconds(self, df, induces=False) -> np.ndarray:
         """Per-batch CPU seconds of the residency changes made before it (their reads apart); `induces`:
@@ -174,7 +177,7 @@ class StepCosts:
         expanded, rows = _expanded(df), df["input_nodes"].to_numpy(float)
         return {"sample": self.sample_step_s + self.sample_s * expanded,
                 "gather": self.gather_step_s + self.gather_s * rows,
-                "compute": self.compute_step_s + self.compute_s * rows}
+                "compute": self.compute_step_s + self.compute_s * (expanded if self.compute_unit == "expanded" else rows)}
 
 
 def _induced_nodes(df) -> np.ndarray:
@@ -214,11 +217,26 @@ def _fit(units, seconds, runs):
     return float(intercept), float(slope)
 
 
+def _fit_unit(units: dict, seconds, runs):
+    """`_fit` against whichever unit explains the runs' medians best: (per step, per unit, the unit's name)."""
+    best = None
+    for name, x in units.items():
+        c0, c1 = _fit(x, seconds, runs)
+        m = pd.DataFrame({"x": np.asarray(x, float), "y": np.asarray(seconds, float), "run": np.asarray(runs)}) \
+            .groupby("run")[["x", "y"]].median()
+        err = float(((c0 + c1 * m["x"] - m["y"]) ** 2).sum())
+        if best is None or err < best[0]:
+            best = (err, c0, c1, name)
+    return best[1:]
+
+
 def calibrate(store, cfg, steps=24, cache=None, refresh=False) -> StepCosts:
     """Per-batch CPU costs of `cfg`'s model and sampler on this machine: after a warm-up, two short runs with
     every row in memory (`inmemory`, `steps` steps each, no evaluation but at the start), at the batch size
     and at a quarter of it, whose per-step stage seconds (steps.csv), against what the simulator counts for
-    the same batches, give each stage's cost per step and per unit (`_fit`: through the runs' medians). Cached per store, model and
+    the same batches, give each stage's cost per step and per unit (`_fit`: through the runs' medians). The
+    model's unit (`_fit_unit`) is chosen with a third run, HierBatching's (`_calibrate_loads`), whose batches,
+    sampled inside a community, hold far fewer input rows per expanded node. Cached per store, model and
     settings."""
     from .policies import make_plan
     from .simulate import simulate
@@ -243,34 +261,40 @@ def calibrate(store, cfg, steps=24, cache=None, refresh=False) -> StepCosts:
             points.append(pd.DataFrame({"run": b, "expanded": _expanded(df), "rows": df["input_nodes"].to_numpy(float),
                                         **{k: measured[f"{k}_s"].to_numpy() for k in ("sample", "gather", "compute")}}
                                        ).iloc[WARMUP_STEPS:])
-        load_row_s, subgraph_s = _calibrate_loads(store, run(cfg.batch_size, steps + WARMUP_STEPS), cache)
+        load_row_s, subgraph_s, grouped = _calibrate_loads(store, run(cfg.batch_size, steps + WARMUP_STEPS), cache)
     p = pd.concat(points, ignore_index=True)
-    (s0, s1), (g0, g1), (c0, c1) = (_fit(p["expanded"], p["sample"], p["run"]), _fit(p["rows"], p["gather"], p["run"]),
-                                    _fit(p["rows"], p["compute"], p["run"]))
-    costs = StepCosts(s1, g1, c1, s0, g0, c0, load_row_s, subgraph_s, len(p), key)
+    (s0, s1), (g0, g1) = _fit(p["expanded"], p["sample"], p["run"]), _fit(p["rows"], p["gather"], p["run"])
+    q = pd.concat([p, grouped], ignore_index=True)
+    c0, c1, unit = _fit_unit({"rows": q["rows"], "expanded": q["expanded"]}, q["compute"], q["run"])
+    costs = StepCosts(s1, g1, c1, s0, g0, c0, load_row_s, subgraph_s, len(p), key, unit)
     saved[key] = asdict(costs)
     _save(file, saved)
     return costs
 
 
 def _calibrate_loads(store, run_cfg, cache) -> tuple:
-    """(processor seconds per loaded row, per node of an induced subgraph) of residency changes: a short
+    """(processor seconds per loaded row, per node of an induced subgraph, the run's steps as calibration
+    points) of residency changes: a short
     HierBatching run without pipelining, the loader thread's CPU time (`time.thread_time`: copying rows
     into place and the reads' system time, not the wait for the disk, which the rates cover) of its loads
     and of its subgraphs, over what the simulator counts it loaded and induced. (0, 0) on a store with
     too few parts to group."""
     from .policies import make_plan
     from .simulate import simulate
-    from .train import train
+    from .train import WARMUP_STEPS, train
     if store.num_parts < 4:
-        return 0.0, 0.0
+        return 0.0, 0.0, pd.DataFrame()
     cfg = run_cfg.replace(policy="hierbatching", parts_per_megabatch=max(2, store.num_parts // 8), passes=1.0,
                           pipeline=False, memory_budget="1TB", topology="disk")
     summary = train(cfg)
     df = simulate(store, make_plan(store, cfg), epochs=cfg.epochs, progress=False, steps=summary["steps"])
     st = summary["stage_s"]
     rows, nodes = df["load_feature_rows"].sum(), _induced_nodes(df).sum()   # hierbatching induces
-    return st.get("bg_load_cpu", 0.0) / max(rows, 1), st.get("bg_subgraph_cpu", 0.0) / max(nodes, 1)
+    measured = pd.read_csv(Path(summary["run_dir"]) / "steps.csv")
+    points = pd.DataFrame({"run": "grouped", "expanded": _expanded(df), "rows": df["input_nodes"].to_numpy(float),
+                           **{k: measured[f"{k}_s"].to_numpy() for k in ("sample", "gather", "compute")}}
+                          ).iloc[WARMUP_STEPS:]
+    return st.get("bg_load_cpu", 0.0) / max(rows, 1), st.get("bg_subgraph_cpu", 0.0) / max(nodes, 1), points
 
 
 # ---- the policies ----------------------------------------------------------------------------------

@@ -155,3 +155,15 @@ def test_background_cpu_takes_the_cores_of_a_cpu_model(fennel16):
     assert want > 0 and p["load_cpu"] == pytest.approx(want)
     free = costmodel.predict(fennel16, plan, RATES, FREE_CPU, df=df)
     assert p["fg"] == pytest.approx(free["fg"] + want) and p["bg"] == pytest.approx(free["bg"] + want)
+
+
+def test_compute_unit_is_the_one_that_explains_the_runs():
+    """Two in-memory runs cannot tell expanded nodes from input rows apart (both scale with the batch);
+    a grouped run, with far fewer rows per expanded node, can: the fit keeps the unit that explains all."""
+    runs = np.repeat(["b", "b4", "grouped"], 5)
+    expanded = np.repeat([10_000.0, 2_600.0, 5_400.0], 5)
+    rows = np.repeat([57_000.0, 15_000.0, 14_000.0], 5)
+    for truth, x in (("expanded", expanded), ("rows", rows)):
+        seconds = 0.01 + 6e-6 * x
+        c0, c1, unit = costmodel._fit_unit({"rows": rows, "expanded": expanded}, seconds, runs)
+        assert unit == truth and c0 == pytest.approx(0.01) and c1 == pytest.approx(6e-6)
