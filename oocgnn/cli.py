@@ -257,7 +257,8 @@ def build_parser() -> argparse.ArgumentParser:
                                     "chosen.json (for `oocgnn train --config`), tune.json and "
                                     "predicted_vs_measured.png to --out. Disk rates and calibrations are "
                                     "cached (--cache-dir).")
-    _add_settings(tu, exclude=("policy", "out", "resume", "max_steps", "checkpoint_every", "force"))
+    _add_settings(tu, exclude=("policy", "out", "resume", "max_steps", "checkpoint_every", "force",
+                                  "distributed", "dist_timeout"))
     tu.add_argument("--out", default=None, help="tune directory (default runs/tune-<store>-<budget>)")
     tu.add_argument("--top", type=int, default=3, help="candidates trained after the prediction (default 3)")
     tu.add_argument("--time-limit", type=float, default=0.0,

@@ -24,7 +24,7 @@ from .distributed import (Exchange, RankFeatures, batch_key, fetch_macrobatch, o
                           steps_per_epoch)
 from .errors import UserError
 from .models import build_model
-from .rundir import RunDir
+from .rundir import RunDir, read_json
 from .sampler import Sampler
 from .store import open_store
 from .units import peak_rss
@@ -39,14 +39,17 @@ def train_distributed(cfg) -> dict:
     if not all(v in os.environ for v in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")):
         raise UserError("--distributed runs under torchrun, e.g. torchrun --nproc-per-node 2 -m oocgnn train "
                         "STORE --distributed (RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT are not set)")
-    if cfg.resume or cfg.checkpoint_every:
-        raise UserError("--distributed runs do not checkpoint or resume yet")
+    run = None
+    if cfg.resume:                                 # every rank reads the checkpoint; rank 0 writes on
+        from .train import _resumed
+        run = RunDir.create(cfg.resume, resume=True)
+        cfg = _resumed(cfg, run)
     if cfg.device not in ("auto", "cpu"):
         raise UserError("--distributed runs on the CPU (gloo) for now; drop --device")
     dist.init_process_group("gloo", timeout=timedelta(seconds=cfg.dist_timeout))
     rank, world = dist.get_rank(), dist.get_world_size()
     try:
-        out = _run(cfg, rank, world)
+        out = _run(cfg, rank, world, run)
     except UserError:
         raise
     except (RuntimeError, dist.DistError) as e:
@@ -61,7 +64,7 @@ def _owned(ids, bounds, rank):
     return ids[(ids >= bounds[rank]) & (ids < bounds[rank + 1])]
 
 
-def _run(cfg, rank, world) -> dict:
+def _run(cfg, rank, world, run) -> dict:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
     from .train import default_run_dir
@@ -71,8 +74,11 @@ def _run(cfg, rank, world) -> dict:
         torch.set_num_threads(cfg.threads)
     bounds = owner_bounds(store.part_offsets, world)
     k = int(cfg.get("macrobatch"))
-    run = None
-    if rank == 0:
+    if run is not None:
+        saved = read_json(run.path / "config.json").get("world")
+        if saved != world:
+            raise UserError(f"{run.path} is a run of {saved} ranks; resume it with as many, not {world}")
+    elif rank == 0:
         run = RunDir.create(Path(cfg.out) if cfg.out else Path(f"{default_run_dir(cfg)}-r{world}"), force=cfg.force)
         run.write_json("config.json", {**cfg.to_dict(), "world": world, "owner_bounds": bounds.tolist(),
                                        "store_meta": {m: store.meta[m] for m in
@@ -134,12 +140,37 @@ def _run(cfg, rank, world) -> dict:
         if run is not None:
             run.write_csv("log.csv", pd.DataFrame(rows, columns=LOG_COLUMNS))
 
-    log(0, 0.0, 0)
-    epoch_s = []
-    for epoch in range(cfg.epochs):
+    def checkpoint(epoch, chunk, loss_sum, loss_n):
+        mine = {"rng": torch.get_rng_state(), "traffic": exchange.record(), "train_s": train_s, "stages": stages,
+                "peak_rows": features.peak_rows}
+        every = [None] * world
+        dist.all_gather_object(every, mine)
+        if rank == 0:
+            run.save_checkpoint({"epoch": epoch, "chunk": chunk, "step": step, "model": model.state_dict(),
+                                 "opt": opt.state_dict(), "rows": rows, "loss": (loss_sum, loss_n),
+                                 "epoch_s": epoch_s, "ranks": every})
+
+    epoch_s, start = [], (0, 0, 0.0, 0)
+    if cfg.resume:
+        state = run.load_checkpoint()
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["opt"])
+        mine = state["ranks"][rank]
+        torch.set_rng_state(mine["rng"])
+        for key, v in mine["traffic"].items():
+            exchange.traffic[key][rank] = v
+        train_s, step, features.peak_rows = mine["train_s"], state["step"], max(features.peak_rows, mine["peak_rows"])
+        stages.update(mine["stages"])
+        rows[:], epoch_s[:] = state["rows"], state["epoch_s"]
+        start = (state["epoch"], state["chunk"], *state["loss"])
+    else:
+        log(0, 0.0, 0)
+    last = (cfg.epochs - 1, ((nb - 1) // k) * k)
+    for epoch in range(start[0], cfg.epochs):
         batches = rank_batches(store.train_idx, bounds, rank, cfg.batch_size, cfg.seed, epoch)
-        loss_sum, loss_n, t_epoch = 0.0, 0, time.perf_counter()
-        for c in range(0, nb, k):
+        first, loss_sum, loss_n = start[1:] if epoch == start[0] else (0, 0.0, 0)
+        t_epoch = time.perf_counter()
+        for c in range(first, nb, k):
             if cfg.max_steps and step >= cfg.max_steps:
                 break
             t = time.perf_counter()
@@ -165,6 +196,9 @@ def _run(cfg, rank, world) -> dict:
             for name, dt in (("sample", t1 - t), ("exchange", t2 - t1), ("compute", t3 - t2)):
                 stages[name] += dt
             train_s += t3 - t
+            every = cfg.checkpoint_every
+            if every and step // every > (step - len(samples)) // every and (epoch, c) != last:
+                checkpoint(epoch, c + k, loss_sum, loss_n)
         epoch_s.append(time.perf_counter() - t_epoch)
         log(epoch, loss_sum, loss_n)
         if cfg.max_steps and step >= cfg.max_steps:

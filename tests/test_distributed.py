@@ -156,3 +156,50 @@ def test_a_dead_rank_ends_the_other_with_a_clear_error(fennel16, tmp_path):
             if p.poll() is None:
                 p.kill()
                 p.wait()
+
+
+def _cli_worker(rank, world, port, argv, crash_at, result):
+    """One rank running `oocgnn` argv; with crash_at, interrupted at its crash_at-th training exchange."""
+    from oocgnn import cli, disttrain
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+    if crash_at:
+        fetch, calls = disttrain.fetch_macrobatch, [0]
+
+        def crashing(samples, features, exchange, counted=True):
+            calls[0] += counted
+            if calls[0] == crash_at:
+                raise KeyboardInterrupt
+            return fetch(samples, features, exchange, counted)
+        disttrain.fetch_macrobatch = crashing
+    code = cli.main(argv)
+    with open(f"{result}.{rank}", "w") as f:
+        f.write(str(code))
+
+
+def _spawn(argv, tmp_path, name, crash_at=0, world=2):
+    import torch.multiprocessing as mp
+    ctx = mp.start_processes(_cli_worker, args=(world, _free_port(), argv, crash_at, str(tmp_path / name)),
+                             nprocs=world, join=False, start_method="spawn")
+    deadline = time.time() + 300
+    while not ctx.join(timeout=5):
+        assert time.time() < deadline, f"{name}: the ranks did not finish in time"
+    return [int((tmp_path / f"{name}.{r}").read_text()) for r in range(world)]
+
+
+@pytest.mark.slow
+def test_a_killed_distributed_run_resumes_to_the_same_log(fennel16, tmp_path):
+    import pandas as pd
+    common = ["train", str(fennel16.path), "--distributed", "--no-progress", "--epochs", "2", "--batch-size", "64",
+              "--fanouts", "5,5", "--macrobatch", "2", "--checkpoint-every", "5", "--max-eval-nodes", "200"]
+    assert _spawn(common + ["--out", str(tmp_path / "whole")], tmp_path, "whole") == [0, 0]
+    killed = tmp_path / "killed"
+    assert _spawn(common + ["--out", str(killed)], tmp_path, "killed", crash_at=7) == [130, 130]
+    assert (killed / "checkpoint.pt").exists() and not (killed / "summary.json").exists()
+    assert _spawn(["train", str(fennel16.path), "--distributed", "--resume", str(killed), "--no-progress"],
+                  tmp_path, "resumed") == [0, 0]
+    a, b = (pd.read_csv(d / "log.csv") for d in (tmp_path / "whole", killed))
+    cols = ["epoch", "step", "train_loss", "val_acc", "test_acc", "rows_recv", "bytes_recv"]
+    pd.testing.assert_frame_equal(a[cols], b[cols], rtol=1e-6)
+    s = [json.loads((d / "summary.json").read_text()) for d in (tmp_path / "whole", killed)]
+    assert [r["rows_recv"] for r in s[0]["ranks"]] == [r["rows_recv"] for r in s[1]["ranks"]]
