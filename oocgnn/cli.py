@@ -100,6 +100,13 @@ def _cmd_train(args):
     from .train import train
     cfg = TrainConfig.create(**_settings_from(args))
     s = train(cfg)
+    if s.get("distributed"):
+        if s["run_dir"]:                           # rank 0
+            x = s["exchange"]
+            print(f"{s['run_dir']}: {s['world']} ranks, {s['epochs']} epochs in {s['train_s']:.1f} s, best val "
+                  f"{s['best_val_acc']:.4f}, test at best val {s['test_at_best_val']:.4f}, exchanged "
+                  f"{x['rows_recv']:,} rows ({x['bytes_recv'] / 2**20:.1f} MiB received over all ranks)")
+        return
     print(f"{s['run_dir']}: {s['epochs']} epochs in {s['train_s']:.1f} s, best val "
           f"{s['best_val_acc']:.4f}, test at best val {s['test_at_best_val']:.4f}, "
           f"read {s['io']['bytes_read'] / 2**20:.1f} MiB, cap enforced: {s['memory_cap']['enforced']}")
@@ -250,7 +257,8 @@ def build_parser() -> argparse.ArgumentParser:
                                     "chosen.json (for `oocgnn train --config`), tune.json and "
                                     "predicted_vs_measured.png to --out. Disk rates and calibrations are "
                                     "cached (--cache-dir).")
-    _add_settings(tu, exclude=("policy", "out", "resume", "max_steps", "checkpoint_every", "force"))
+    _add_settings(tu, exclude=("policy", "out", "resume", "max_steps", "checkpoint_every", "force",
+                                  "distributed", "dist_timeout"))
     tu.add_argument("--out", default=None, help="tune directory (default runs/tune-<store>-<budget>)")
     tu.add_argument("--top", type=int, default=3, help="candidates trained after the prediction (default 3)")
     tu.add_argument("--time-limit", type=float, default=0.0,

@@ -73,6 +73,12 @@ class TrainConfig:
     checkpoint_every: int = setting(0, "save a checkpoint every N steps, to resume a killed run from (0: none)")
     resume: str = setting("", "continue the killed run in this directory from its last checkpoint, with the "
                               "settings it was started with")
+    distributed: bool = setting(False, "run as one rank of a torchrun job: ranks own contiguous ranges of the "
+                                       "store's partitions, remote feature rows come by macrobatched all_to_all "
+                                       "(k = --macrobatch), DDP averages gradients; policies inmemory | macrobatch, "
+                                       "--memory-budget per rank")
+    dist_timeout: float = setting(120.0, "seconds a distributed collective waits for the other ranks before the "
+                                         "run fails (a dead rank ends the others, never a hang)")
     hierbatching: HierBatchingPlan.Options = field(default_factory=HierBatchingPlan.Options)
     outre: OutrePlan.Options = field(default_factory=OutrePlan.Options)
     ginex: GinexPlan.Options = field(default_factory=GinexPlan.Options)
@@ -115,6 +121,8 @@ class TrainConfig:
         if not (0 <= self.neighbour_cache_ratio <= 1 or self.neighbour_cache_ratio == -1):
             raise UserError(f"neighbour_cache_ratio is a fraction in [0, 1] (or -1: the policy's default), "
                             f"got {self.neighbour_cache_ratio}")
+        if self.dist_timeout <= 0:
+            raise UserError(f"dist_timeout must be > 0 seconds, got {self.dist_timeout}")
         history = self.get("history_ratio")       # auto gives the MLP no histories
         if self.policy in ("outre", "composed") and history != "auto" and float(history) > 0 and self.model == "mlp":
             raise UserError("historical embeddings need a GNN (the MLP has no layer L-1 inputs)")

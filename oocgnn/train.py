@@ -137,6 +137,9 @@ def train(cfg: TrainConfig) -> dict:
     state every so many steps; `cfg.resume` (a run directory) continues such a run from its last
     checkpoint, with the configuration it was started with, and ends with the same losses as an
     uninterrupted run."""
+    if cfg.distributed:                            # one rank of a torchrun job (`oocgnn.disttrain`)
+        from .disttrain import train_distributed
+        return train_distributed(cfg)
     t_enter = time.perf_counter()
     reset_peak_rss()                               # this run's peak, not an earlier run's in this process
     if cfg.resume:

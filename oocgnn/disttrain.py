@@ -1,0 +1,228 @@
+"""`oocgnn train --distributed`: one rank of a torchrun job (BatchGNN's training loop, §3).
+
+Each rank trains on the training nodes it owns (`distributed.rank_batches`), in macrobatches of
+k = --macrobatch mini-batches: it samples them, fetches their remote input rows in one exchange
+(`distributed.fetch_macrobatch`), then runs them through DistributedDataParallel, which averages
+the gradients. Evaluation is distributed alike: each rank evaluates the nodes it owns, the correct
+counts are summed. Rank 0 writes the run directory (config.json, log.csv, summary.json with every
+rank's traffic). The process group has a timeout (--dist-timeout): a rank that dies makes the
+others fail with a clear error instead of hanging.
+"""
+from __future__ import annotations
+
+import os
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+import torch.nn.functional as F
+
+from .distributed import (Exchange, RankFeatures, batch_key, fetch_macrobatch, owner_bounds, rank_batches,
+                          steps_per_epoch)
+from .errors import UserError
+from .models import build_model
+from .rundir import RunDir, read_json
+from .sampler import Sampler
+from .store import open_store
+from .units import peak_rss
+
+LOG_COLUMNS = ["wall_s", "epoch", "step", "train_loss", "val_acc", "test_acc", "rows_recv", "bytes_recv",
+               "peak_rss"]
+
+
+def train_distributed(cfg) -> dict:
+    """Run this process's rank of a torchrun job (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set)."""
+    import torch.distributed as dist
+    if not all(v in os.environ for v in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")):
+        raise UserError("--distributed runs under torchrun, e.g. torchrun --nproc-per-node 2 -m oocgnn train "
+                        "STORE --distributed (RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT are not set)")
+    run = None
+    if cfg.resume:                                 # every rank reads the checkpoint; rank 0 writes on
+        from .train import _resumed
+        run = RunDir.create(cfg.resume, resume=True)
+        cfg = _resumed(cfg, run)
+    if cfg.device not in ("auto", "cpu"):
+        raise UserError("--distributed runs on the CPU (gloo) for now; drop --device")
+    dist.init_process_group("gloo", timeout=timedelta(seconds=cfg.dist_timeout))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    try:
+        out = _run(cfg, rank, world, run)
+    except UserError:
+        raise
+    except (RuntimeError, dist.DistError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise UserError(f"rank {rank} of {world}: a collective failed: another rank died or did not answer "
+                        f"within --dist-timeout {cfg.dist_timeout:g} s ({first[:300]})") from None
+    dist.destroy_process_group()
+    return out
+
+
+def _owned(ids, bounds, rank):
+    return ids[(ids >= bounds[rank]) & (ids < bounds[rank + 1])]
+
+
+def _run(cfg, rank, world, run) -> dict:
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+    from .train import default_run_dir
+    t_enter = time.perf_counter()
+    store = open_store(cfg.store)
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    bounds = owner_bounds(store.part_offsets, world)
+    k = int(cfg.get("macrobatch"))
+    if run is not None:
+        saved = read_json(run.path / "config.json").get("world")
+        if saved != world:
+            raise UserError(f"{run.path} is a run of {saved} ranks; resume it with as many, not {world}")
+    elif rank == 0:
+        run = RunDir.create(Path(cfg.out) if cfg.out else Path(f"{default_run_dir(cfg)}-r{world}"), force=cfg.force)
+        run.write_json("config.json", {**cfg.to_dict(), "world": world, "owner_bounds": bounds.tolist(),
+                                       "store_meta": {m: store.meta[m] for m in
+                                                      ("name", "num_nodes", "num_edges", "feat_dim", "num_parts")}})
+    features = RankFeatures(store, cfg.policy, bounds, rank, cfg.memory_budget_bytes)
+    topology = store.neighbour_lists()            # every rank keeps the whole topology (no list exchange)
+    sampler = Sampler(topology, cfg.fanout_list, cfg.seed, dense=cfg.sampler == "dense")
+    eval_sampler = Sampler(topology, [int(f) for f in cfg.eval_fanouts.split(",")], cfg.seed + 7)
+    exchange = Exchange(bounds, rank, world, store.feat_dim)
+    labels = torch.from_numpy(store.compact_labels())
+
+    np.random.seed(cfg.seed)
+    torch.manual_seed(cfg.seed)                   # the same initial weights on every rank (DDP checks)
+    model = build_model(cfg.model, store.feat_dim, cfg.hidden, store.num_classes, cfg.layers, cfg.dropout)
+    ddp = DistributedDataParallel(model)
+    opt = torch.optim.Adam(ddp.parameters(), lr=cfg.lr)
+
+    eval_sets = {}
+    for split, ids in (("val", store.val_idx), ("test", store.test_idx)):
+        if cfg.max_eval_nodes and len(ids) > cfg.max_eval_nodes:
+            ids = np.sort(np.random.default_rng(cfg.seed + 1).choice(ids, cfg.max_eval_nodes, replace=False))
+        eval_sets[split] = (_owned(ids, bounds, rank), len(ids),
+                            max(steps_per_epoch(len(_owned(ids, bounds, r)), cfg.eval_batch_size)
+                                for r in range(world)))
+
+    def evaluate():
+        model.eval()
+        out = {}
+        with torch.no_grad():
+            for split, (ids, total, nb) in eval_sets.items():
+                correct = 0
+                batches = [ids[i * cfg.eval_batch_size:(i + 1) * cfg.eval_batch_size] for i in range(nb)]
+                for c in range(0, nb, k):
+                    samples = [eval_sampler.sample(s, 0, batch_key(b, rank, world))
+                               for b, s in enumerate(batches[c:c + k], start=c)]
+                    mb = fetch_macrobatch(samples, features, exchange, counted=False)
+                    for s in samples:
+                        if len(s.output_nodes):
+                            pred = model(s.blocks, mb.gather(s.input_nodes)).argmax(1)
+                            correct += int((pred == labels[torch.from_numpy(s.output_nodes)]).sum())
+                n = torch.tensor([correct], dtype=torch.int64)
+                dist.all_reduce(n)
+                out[split] = int(n) / max(1, total)
+        model.train()
+        return out
+
+    rows, train_s, step = [], 0.0, 0
+    nb = steps_per_epoch(len(store.train_idx), cfg.batch_size)
+    setup_s = time.perf_counter() - t_enter
+    stages = {"sample": 0.0, "exchange": 0.0, "compute": 0.0}
+
+    def log(epoch, loss_sum, loss_n):
+        accs = evaluate()
+        t = exchange.record()
+        rows.append({"wall_s": round(train_s, 4), "epoch": epoch, "step": step,
+                     "train_loss": loss_sum / loss_n if loss_n else float("nan"), "val_acc": accs["val"],
+                     "test_acc": accs["test"], "rows_recv": t["rows_recv"], "bytes_recv": t["bytes_recv"],
+                     "peak_rss": peak_rss()})
+        if run is not None:
+            run.write_csv("log.csv", pd.DataFrame(rows, columns=LOG_COLUMNS))
+
+    def checkpoint(epoch, chunk, loss_sum, loss_n):
+        mine = {"rng": torch.get_rng_state(), "traffic": exchange.record(), "train_s": train_s, "stages": stages,
+                "peak_rows": features.peak_rows}
+        every = [None] * world
+        dist.all_gather_object(every, mine)
+        if rank == 0:
+            run.save_checkpoint({"epoch": epoch, "chunk": chunk, "step": step, "model": model.state_dict(),
+                                 "opt": opt.state_dict(), "rows": rows, "loss": (loss_sum, loss_n),
+                                 "epoch_s": epoch_s, "ranks": every})
+
+    epoch_s, start = [], (0, 0, 0.0, 0)
+    if cfg.resume:
+        state = run.load_checkpoint()
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["opt"])
+        mine = state["ranks"][rank]
+        torch.set_rng_state(mine["rng"])
+        for key, v in mine["traffic"].items():
+            exchange.traffic[key][rank] = v
+        train_s, step, features.peak_rows = mine["train_s"], state["step"], max(features.peak_rows, mine["peak_rows"])
+        stages.update(mine["stages"])
+        rows[:], epoch_s[:] = state["rows"], state["epoch_s"]
+        start = (state["epoch"], state["chunk"], *state["loss"])
+    else:
+        log(0, 0.0, 0)
+    last = (cfg.epochs - 1, ((nb - 1) // k) * k)
+    for epoch in range(start[0], cfg.epochs):
+        batches = rank_batches(store.train_idx, bounds, rank, cfg.batch_size, cfg.seed, epoch)
+        first, loss_sum, loss_n = start[1:] if epoch == start[0] else (0, 0.0, 0)
+        t_epoch = time.perf_counter()
+        for c in range(first, nb, k):
+            if cfg.max_steps and step >= cfg.max_steps:
+                break
+            t = time.perf_counter()
+            samples = [sampler.sample(s, epoch, batch_key(b, rank, world))
+                       for b, s in enumerate(batches[c:c + k], start=c)]
+            t1 = time.perf_counter()
+            mb = fetch_macrobatch(samples, features, exchange)
+            t2 = time.perf_counter()
+            for s in samples:
+                logits = ddp(s.blocks, mb.gather(s.input_nodes))
+                y = labels[torch.from_numpy(s.output_nodes)].long()
+                loss = F.cross_entropy(logits, y) if len(y) else logits.sum() * 0   # DDP needs every rank's backward
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                if len(y):
+                    value = float(loss.detach())
+                    if not np.isfinite(value):
+                        raise UserError(f"training diverged at step {step}: the loss is {value}; lower --lr")
+                    loss_sum, loss_n = loss_sum + value, loss_n + 1
+                step += 1
+            t3 = time.perf_counter()
+            for name, dt in (("sample", t1 - t), ("exchange", t2 - t1), ("compute", t3 - t2)):
+                stages[name] += dt
+            train_s += t3 - t
+            every = cfg.checkpoint_every
+            if every and step // every > (step - len(samples)) // every and (epoch, c) != last:
+                checkpoint(epoch, c + k, loss_sum, loss_n)
+        epoch_s.append(time.perf_counter() - t_epoch)
+        log(epoch, loss_sum, loss_n)
+        if cfg.max_steps and step >= cfg.max_steps:
+            break
+
+    me = {"rank": rank, "rows": [int(bounds[rank]), int(bounds[rank + 1])],
+          "train_nodes": int(len(_owned(store.train_idx, bounds, rank))), **exchange.record(),
+          "bytes_read": features.reader.stats.bytes_read, "peak_buffer_rows": features.peak_rows,
+          "peak_rss": peak_rss(), "train_s": round(train_s, 3), "stage_s": {n: round(v, 3) for n, v in stages.items()}}
+    ranks = [None] * world
+    dist.all_gather_object(ranks, me)
+    features.close()
+    logdf = pd.DataFrame(rows, columns=LOG_COLUMNS)
+    best = int(logdf["val_acc"].idxmax())
+    summary = {
+        "distributed": True, "world": world, "policy": cfg.policy, "model": cfg.model, "store": str(store.path),
+        "seed": cfg.seed, "epochs": cfg.epochs, "steps": step, "epoch_steps": nb, "macrobatch": k,
+        "train_s": round(max(r["train_s"] for r in ranks), 3),
+        "epoch_s": round(float(np.mean(epoch_s)), 3) if epoch_s else 0.0, "setup_s": round(setup_s, 3),
+        "best_val_acc": float(logdf["val_acc"][best]), "test_at_best_val": float(logdf["test_acc"][best]),
+        "final_val_acc": float(logdf["val_acc"].iloc[-1]), "final_test_acc": float(logdf["test_acc"].iloc[-1]),
+        "exchange": {key: sum(r[key] for r in ranks) for key in ("rows_recv", "bytes_recv", "exchanges")},
+        "ranks": ranks, "memory_budget": cfg.memory_budget_bytes, "topology": "memory (every rank, whole)",
+    }
+    if run is not None:
+        run.write_json("summary.json", summary)
+    return {**summary, "run_dir": str(run.path) if run is not None else "", "log": logdf}
