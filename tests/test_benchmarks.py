@@ -48,6 +48,7 @@ SMOKE = {   # toy settings of each benchmark; tmp is a fresh directory
                               "--policies", "inmemory,mmap,hierbatching,outre,ginex,macrobatch,marius",
                               "--physical-parts", 8, "--superbatch", 2, "--macrobatch", 2, "--eval-nodes", 100,
                               "--cache-dir", tmp, "--data", tmp, "--out", tmp / "cm"],
+    "eval": lambda tmp: ["--preset", "tiny", "--eval-nodes", 300, "--reps", 1, "--budget", "64KB", "--data", tmp],
     "train": lambda tmp: ["--preset", "tiny", "--parts", 16, "--budget", "10MB", "--steps", 4,
                           "--policies", "inmemory,mmap,hierbatching,outre,ginex,macrobatch,marius,marius-beta",
                           "--physical-parts", 8, "--superbatch", 2,
