@@ -17,6 +17,7 @@ from .policies import (POLICIES, ComposedPlan, GinexPlan, HierBatchingPlan, Macr
 from .units import parse_size
 
 
+EVAL_MODES = ("layerwise", "batch")   # --eval-mode (oocgnn.evaluation)
 PRECISIONS = ("fp32", "bf16")     # --precision: float32, or bfloat16 autocast (oocgnn.device)
 
 
@@ -61,6 +62,9 @@ class TrainConfig:
     eval_every: int = setting(0, "evaluate every N steps (0: at the end of each epoch)")
     eval_fanouts: str = setting("", "fanouts of evaluation (default: the training fanouts)")
     eval_batch_size: int = setting(1024, "evaluation batch size")
+    eval_mode: str = setting("layerwise", "layerwise (each layer once for the evaluated ids' neighbourhood, input rows "
+                                          "read once in store order: oocgnn.evaluation; faster in memory too) | batch "
+                                          "(sampled mini-batches of --eval-batch-size, rows gathered per batch)")
     max_eval_nodes: int = setting(20_000, "evaluate on a fixed seeded subset this large per split (0: all)")
     target_acc: float = setting(0.0, "report the time to reach this validation accuracy")
     out: str = setting("", "run directory (default runs/<store>-<policy>-<model>-s<seed>)")
@@ -108,6 +112,8 @@ class TrainConfig:
         self.memory_budget_bytes = parse_size(self.memory_budget)
         if self.precision not in PRECISIONS:
             raise UserError(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
+        if self.eval_mode not in EVAL_MODES:
+            raise UserError(f"eval_mode must be one of {', '.join(EVAL_MODES)}, got {self.eval_mode!r}")
         if self.sampler not in ("per-hop", "dense"):
             raise UserError(f"sampler must be per-hop or dense, got {self.sampler!r}")
         if self.topology not in ("auto", "memory", "disk"):
