@@ -12,7 +12,7 @@ from .errors import UserError
 
 
 def _cmd_prepare(args):
-    from .datasets import load_source
+    from .datasets import load_source, parse_split
     from .store import write_store
     from .synthetic import generate
     from .partition import check_args, order_from_assignment, partition, peak_rss
@@ -21,6 +21,7 @@ def _cmd_prepare(args):
     check_target(out, args.force)                 # before the source is read: fail fast
     method = args.partitioner
     check_args(method, 1 if args.parts is None else args.parts)
+    split = parse_split(args.split)
     t0 = time.perf_counter()
     if args.source == "synthetic":
         data = generate(args.preset, seed=args.seed)
@@ -29,6 +30,8 @@ def _cmd_prepare(args):
     else:
         data = load_source(args.source)
     t_load = time.perf_counter() - t0
+    if split is not None:
+        data = data.resplit(split[0], split[1], seed=args.seed, test_frac=split[2])
     parts = args.parts or (1 if method == "none" else max(1, data.num_nodes // 2000))
     check_args(method, parts, data.num_nodes)
     order = offsets = None
@@ -206,7 +209,10 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("source", help="'synthetic', a .npz file, or an OGB node-property raw directory")
     pr.add_argument("--preset", default="small", help="synthetic preset: tiny|small|medium|large")
     pr.add_argument("--out", required=True, help="store directory to create")
-    pr.add_argument("--seed", type=int, default=0, help="generator seed (synthetic)")
+    pr.add_argument("--seed", type=int, default=0, help="generator seed (synthetic) and --split random's seed (default 0)")
+    pr.add_argument("--split", default="given",
+                    help="given (the source's splits) | random:TRAIN,VAL,TEST (seeded random fractions of the "
+                         "labelled nodes, summing to <= 1, e.g. random:0.1,0.1,0.8; default given)")
     pr.add_argument("--force", action="store_true",
                     help="replace an existing store (only a store: a directory with other files is refused)")
     pr.add_argument("--row-normalize", action="store_true",
