@@ -102,6 +102,13 @@ def _cmd_train(args):
     from .config import TrainConfig
     from .train import train
     cfg = TrainConfig.create(**_settings_from(args))
+    if cfg.seeds:
+        from .seeds import format_mean_std, parse_seeds, train_seeds
+        agg = train_seeds(cfg, parse_seeds(cfg.seeds))
+        print(f"{agg['run_dir']}: seeds {','.join(map(str, agg['seeds']))}: best val "
+              f"{format_mean_std(agg['best_val_acc'])}, test at best val {format_mean_std(agg['test_at_best_val'])}, "
+              f"train {format_mean_std(agg['train_s'], 1, 2)} s")
+        return
     s = train(cfg)
     print(f"{s['run_dir']}: {s['epochs']} epochs in {s['train_s']:.1f} s, best val "
           f"{s['best_val_acc']:.4f}, test at best val {s['test_at_best_val']:.4f}, "
@@ -141,8 +148,10 @@ def _cmd_report(args):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from .plots import load_runs, plot_time_to_accuracy, save_figure
+    from .plots import load_runs, plot_time_to_accuracy, save_figure, seed_table
     runs = load_runs(args.runs)
+    table = seed_table(runs)
+    print(table.to_string(index=False))
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     runs.to_csv(out.with_suffix(".csv"), index=False)
@@ -271,8 +280,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     rp = sub.add_parser("report", help="time-to-accuracy CSV and plot of runs",
                         description="Combine the log.csv of run directories into one CSV and a "
-                                    "time-to-accuracy PNG.")
-    rp.add_argument("runs", nargs="+", help="run directories")
+                                    "time-to-accuracy PNG; a `train --seeds` directory counts as its seeds' "
+                                    "runs, shown as their mean with a ± std band, and the table printed "
+                                    "gives each group's accuracies as mean ± std over its seeds.")
+    rp.add_argument("runs", nargs="+", help="run directories (or `train --seeds` directories)")
     rp.add_argument("--out", default="figures/00_time_to_accuracy",
                     help="output path without extension (.csv and .png are written)")
     rp.set_defaults(func=_cmd_report)

@@ -69,6 +69,8 @@ class TrainConfig:
     target_acc: float = setting(0.0, "report the time to reach this validation accuracy")
     out: str = setting("", "run directory (default runs/<store>-<policy>-<model>-s<seed>)")
     seed: int = setting(0, "seed of batches, sampling and model initialisation")
+    seeds: str = setting("", "train once per seed (e.g. 0,1,2) into <out>/seed<S> and write their mean ± std "
+                             "(aggregate.json, aggregate_log.csv); empty: one run with --seed")
     threads: int = setting(0, "torch intra-op threads (0: the library default)")
     device: str = setting("auto", "where the model runs: auto (cuda when a GPU is visible) | cpu | cuda | cuda:N")
     precision: str = setting("fp32", "fp32 | bf16 (autocast: bfloat16 matmuls, float32 sums; on the CPU too)")
@@ -112,6 +114,9 @@ class TrainConfig:
         self.memory_budget_bytes = parse_size(self.memory_budget)
         if self.precision not in PRECISIONS:
             raise UserError(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
+        if self.seeds:
+            from .seeds import parse_seeds
+            self.seeds = ",".join(map(str, parse_seeds(self.seeds)))
         if self.eval_mode not in EVAL_MODES:
             raise UserError(f"eval_mode must be one of {', '.join(EVAL_MODES)}, got {self.eval_mode!r}")
         if self.sampler not in ("per-hop", "dense"):
