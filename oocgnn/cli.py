@@ -12,7 +12,7 @@ from .errors import UserError
 
 
 def _cmd_prepare(args):
-    from .datasets import load_source
+    from .datasets import load_source, parse_split
     from .store import write_store
     from .synthetic import generate
     from .partition import check_args, order_from_assignment, partition, peak_rss
@@ -21,6 +21,7 @@ def _cmd_prepare(args):
     check_target(out, args.force)                 # before the source is read: fail fast
     method = args.partitioner
     check_args(method, 1 if args.parts is None else args.parts)
+    split = parse_split(args.split)
     t0 = time.perf_counter()
     if args.source == "synthetic":
         data = generate(args.preset, seed=args.seed)
@@ -29,6 +30,8 @@ def _cmd_prepare(args):
     else:
         data = load_source(args.source)
     t_load = time.perf_counter() - t0
+    if split is not None:
+        data = data.resplit(split[0], split[1], seed=args.seed, test_frac=split[2])
     parts = args.parts or (1 if method == "none" else max(1, data.num_nodes // 2000))
     check_args(method, parts, data.num_nodes)
     order = offsets = None
@@ -99,6 +102,13 @@ def _cmd_train(args):
     from .config import TrainConfig
     from .train import train
     cfg = TrainConfig.create(**_settings_from(args))
+    if cfg.seeds:
+        from .seeds import format_mean_std, parse_seeds, train_seeds
+        agg = train_seeds(cfg, parse_seeds(cfg.seeds))
+        print(f"{agg['run_dir']}: seeds {','.join(map(str, agg['seeds']))}: best val "
+              f"{format_mean_std(agg['best_val_acc'])}, test at best val {format_mean_std(agg['test_at_best_val'])}, "
+              f"train {format_mean_std(agg['train_s'], 1, 2)} s")
+        return
     s = train(cfg)
     if s.get("distributed"):
         if s["run_dir"]:                           # rank 0
@@ -145,8 +155,10 @@ def _cmd_report(args):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from .plots import load_runs, plot_time_to_accuracy, save_figure
+    from .plots import load_runs, plot_time_to_accuracy, save_figure, seed_table
     runs = load_runs(args.runs)
+    table = seed_table(runs)
+    print(table.to_string(index=False))
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     runs.to_csv(out.with_suffix(".csv"), index=False)
@@ -213,7 +225,10 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("source", help="'synthetic', a .npz file, or an OGB node-property raw directory")
     pr.add_argument("--preset", default="small", help="synthetic preset: tiny|small|medium|large")
     pr.add_argument("--out", required=True, help="store directory to create")
-    pr.add_argument("--seed", type=int, default=0, help="generator seed (synthetic)")
+    pr.add_argument("--seed", type=int, default=0, help="generator seed (synthetic) and --split random's seed (default 0)")
+    pr.add_argument("--split", default="given",
+                    help="given (the source's splits) | random:TRAIN,VAL,TEST (seeded random fractions of the "
+                         "labelled nodes, summing to <= 1, e.g. random:0.1,0.1,0.8; default given)")
     pr.add_argument("--force", action="store_true",
                     help="replace an existing store (only a store: a directory with other files is refused)")
     pr.add_argument("--row-normalize", action="store_true",
@@ -273,8 +288,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     rp = sub.add_parser("report", help="time-to-accuracy CSV and plot of runs",
                         description="Combine the log.csv of run directories into one CSV and a "
-                                    "time-to-accuracy PNG.")
-    rp.add_argument("runs", nargs="+", help="run directories")
+                                    "time-to-accuracy PNG; a `train --seeds` directory counts as its seeds' "
+                                    "runs, shown as their mean with a ± std band, and the table printed "
+                                    "gives each group's accuracies as mean ± std over its seeds.")
+    rp.add_argument("runs", nargs="+", help="run directories (or `train --seeds` directories)")
     rp.add_argument("--out", default="figures/00_time_to_accuracy",
                     help="output path without extension (.csv and .png are written)")
     rp.set_defaults(func=_cmd_report)

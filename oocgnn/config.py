@@ -17,6 +17,7 @@ from .policies import (POLICIES, ComposedPlan, GinexPlan, HierBatchingPlan, Macr
 from .units import parse_size
 
 
+EVAL_MODES = ("layerwise", "batch")   # --eval-mode (oocgnn.evaluation)
 PRECISIONS = ("fp32", "bf16")     # --precision: float32, or bfloat16 autocast (oocgnn.device)
 
 
@@ -61,10 +62,15 @@ class TrainConfig:
     eval_every: int = setting(0, "evaluate every N steps (0: at the end of each epoch)")
     eval_fanouts: str = setting("", "fanouts of evaluation (default: the training fanouts)")
     eval_batch_size: int = setting(1024, "evaluation batch size")
+    eval_mode: str = setting("layerwise", "layerwise (each layer once for the evaluated ids' neighbourhood, input rows "
+                                          "read once in store order: oocgnn.evaluation; faster in memory too) | batch "
+                                          "(sampled mini-batches of --eval-batch-size, rows gathered per batch)")
     max_eval_nodes: int = setting(20_000, "evaluate on a fixed seeded subset this large per split (0: all)")
     target_acc: float = setting(0.0, "report the time to reach this validation accuracy")
     out: str = setting("", "run directory (default runs/<store>-<policy>-<model>-s<seed>)")
     seed: int = setting(0, "seed of batches, sampling and model initialisation")
+    seeds: str = setting("", "train once per seed (e.g. 0,1,2) into <out>/seed<S> and write their mean ± std "
+                             "(aggregate.json, aggregate_log.csv); empty: one run with --seed")
     threads: int = setting(0, "torch intra-op threads (0: the library default)")
     device: str = setting("auto", "where the model runs: auto (cuda when a GPU is visible) | cpu | cuda | cuda:N")
     precision: str = setting("fp32", "fp32 | bf16 (autocast: bfloat16 matmuls, float32 sums; on the CPU too)")
@@ -114,6 +120,11 @@ class TrainConfig:
         self.memory_budget_bytes = parse_size(self.memory_budget)
         if self.precision not in PRECISIONS:
             raise UserError(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
+        if self.seeds:
+            from .seeds import parse_seeds
+            self.seeds = ",".join(map(str, parse_seeds(self.seeds)))
+        if self.eval_mode not in EVAL_MODES:
+            raise UserError(f"eval_mode must be one of {', '.join(EVAL_MODES)}, got {self.eval_mode!r}")
         if self.sampler not in ("per-hop", "dense"):
             raise UserError(f"sampler must be per-hop or dense, got {self.sampler!r}")
         if self.topology not in ("auto", "memory", "disk"):

@@ -62,18 +62,45 @@ class GraphData:
     def degrees(self) -> np.ndarray:
         return np.diff(self.indptr)
 
-    def resplit(self, train_frac, val_frac, seed=0) -> "GraphData":
-        """A copy with seeded random train/val splits over the labelled nodes, the rest as test
-        (the 10/10/80 splits the HierBatching digest uses for small real graphs)."""
+    def resplit(self, train_frac, val_frac, seed=0, test_frac=None) -> "GraphData":
+        """A copy with seeded random train/val/test splits over the labelled nodes: a random permutation
+        cut into its first train_frac, the next val_frac and the next test_frac (None: the rest) of
+        them (the 10/10/80 splits the HierBatching digest uses for small real graphs)."""
         import dataclasses
         labelled = np.flatnonzero(np.asarray(self.labels) >= 0)
         perm = np.random.default_rng(seed).permutation(labelled)
         a, b = int(train_frac * len(perm)), int((train_frac + val_frac) * len(perm))
-        if not 0 < a < b < len(perm):
-            raise UserError(f"bad split fractions train={train_frac} val={val_frac} for {len(perm)} nodes")
+        c = len(perm) if test_frac is None else min(len(perm), int((train_frac + val_frac + test_frac) * len(perm)))
+        if not 0 < a < b < c:
+            raise UserError(f"bad split fractions train={train_frac} val={val_frac} test={test_frac} "
+                            f"for {len(perm)} labelled nodes: every split needs a node")
+        what = f"{train_frac}/{val_frac}" + (f"/{test_frac}" if test_frac is not None else "")
         return dataclasses.replace(self, train_idx=np.sort(perm[:a]), val_idx=np.sort(perm[a:b]),
-                                   test_idx=np.sort(perm[b:]),
-                                   info={**self.info, "split": f"random {train_frac}/{val_frac} seed {seed}"})
+                                   test_idx=np.sort(perm[b:c]),
+                                   info={**self.info, "split": f"random {what} seed {seed}"})
+
+
+def parse_split(text: str):
+    """`prepare --split`: 'given' -> None (the source's split); 'random:TRAIN,VAL,TEST' (fractions of
+    the labelled nodes, each > 0, summing to <= 1) -> (train, val, test)."""
+    text = str(text).strip()
+    if text == "given":
+        return None
+    kind, _, rest = text.partition(":")
+    bad = f"bad --split {text!r}: use 'given' or 'random:TRAIN,VAL,TEST' fractions, e.g. random:0.1,0.1,0.8"
+    if kind != "random":
+        raise UserError(bad)
+    try:
+        fracs = tuple(float(f) for f in rest.split(","))
+    except ValueError:
+        raise UserError(bad) from None
+    if len(fracs) != 3 or not all(np.isfinite(fracs)):
+        raise UserError(bad)
+    if min(fracs) <= 0:
+        raise UserError(f"bad --split {text!r}: every fraction must be > 0")
+    if sum(fracs) > 1 + 1e-9:
+        raise UserError(f"bad --split {text!r}: the fractions sum to {sum(fracs):g}, more than 1")
+    return fracs
 
 
 def index_dtype(num_nodes: int):

@@ -9,27 +9,54 @@ import pandas as pd
 
 def load_runs(run_dirs) -> pd.DataFrame:
     """Concatenate the log.csv of several finished run directories (checked: `rundir.load_run`),
-    labelled by policy/model/seed."""
+    labelled by policy/model/seed and group (a `train --seeds` directory: its seeds' runs, one group)."""
     from .rundir import load_run
+    from .seeds import seed_runs
     frames = []
-    for d in map(Path, run_dirs):
-        cfg, log, _ = load_run(d)
+    for top, d in [(top, d) for top in map(Path, run_dirs) for d in seed_runs(top)]:
+        cfg, log, summary = load_run(d)
         log = log.copy()
-        log.insert(0, "run", d.name)
-        log.insert(1, "policy", cfg["policy"])
-        log.insert(2, "model", cfg["model"])
-        log.insert(3, "seed", cfg["seed"])
+        log.insert(0, "run", d.name if d == top else f"{top.name}/{d.name}")
+        log.insert(1, "group", top.name)
+        log.insert(2, "policy", cfg["policy"])
+        log.insert(3, "model", cfg["model"])
+        log.insert(4, "seed", cfg["seed"])
+        log["best_val_acc"], log["test_at_best_val"] = summary["best_val_acc"], summary["test_at_best_val"]
         frames.append(log)
     return pd.concat(frames, ignore_index=True)
 
 
+def seed_table(runs: pd.DataFrame) -> pd.DataFrame:
+    """One row per group of `load_runs`: its policy, seeds and accuracies as mean ± std over them."""
+    from .seeds import format_mean_std, mean_std
+    rows = []
+    for group, g in runs.groupby("group" if "group" in runs else "run", sort=False):
+        last = g.groupby("run", sort=False).tail(1)        # one row per run: its summary's values
+        rows.append({"group": group, "policy": last["policy"].iloc[0], "seeds": ",".join(map(str, last["seed"])),
+                     **{m: format_mean_std(mean_std(last[m])) for m in ("best_val_acc", "test_at_best_val")
+                        if m in last},
+                     "final_test_acc": format_mean_std(mean_std(last["test_acc"]))})
+    return pd.DataFrame(rows)
+
+
 def plot_time_to_accuracy(runs: pd.DataFrame, ax=None, metric="val_acc", title=None):
-    """Accuracy against training wall time, one line per run."""
+    """Accuracy against training wall time: one line per run, or per group of seeds (`load_runs`) the
+    seeds' mean at each evaluation with a ± std band (`seeds.aggregate_logs`)."""
     import matplotlib.pyplot as plt
+    from .seeds import aggregate_logs
     if ax is None:
         _, ax = plt.subplots(figsize=(6, 4))
-    for run, log in runs.groupby("run", sort=False):
-        ax.plot(log["wall_s"], log[metric], marker="o", ms=3, label=f"{log['policy'].iloc[0]} ({run})")
+    for group, g in runs.groupby("group" if "group" in runs else "run", sort=False):
+        logs = [log for _, log in g.groupby("run", sort=False)]
+        if len(logs) == 1:
+            log = logs[0]
+            ax.plot(log["wall_s"], log[metric], marker="o", ms=3, label=f"{log['policy'].iloc[0]} ({log['run'].iloc[0]})")
+            continue
+        a = aggregate_logs(logs)
+        m, sd = a[f"{metric}_mean"], a[f"{metric}_std"]
+        line, = ax.plot(a["wall_s_mean"], m, marker="o", ms=3,
+                        label=f"{logs[0]['policy'].iloc[0]} ({group}, mean ± std of {len(logs)} seeds)")
+        ax.fill_between(a["wall_s_mean"], m - sd, m + sd, color=line.get_color(), alpha=0.2)
     ax.set_xlabel("training wall time (s)")
     ax.set_ylabel(metric.replace("_", " "))
     ax.set_title(title or "time to accuracy")
@@ -86,7 +113,9 @@ def plot_sweep(logs: pd.DataFrame, summary: pd.DataFrame, param: str, metric="va
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
     for value, log in logs.groupby(param, sort=True):
         mean = log.groupby("step")[["wall_s", metric]].mean()
-        a.plot(mean["wall_s"], mean[metric], marker="o", ms=3, label=f"{param}={value}")
+        std = log.groupby("step")[metric].std(ddof=1).fillna(0.0)      # over seeds: a ± std band
+        line, = a.plot(mean["wall_s"], mean[metric], marker="o", ms=3, label=f"{param}={value}")
+        a.fill_between(mean["wall_s"], mean[metric] - std, mean[metric] + std, color=line.get_color(), alpha=0.2)
     a.set_xlabel("training wall time (s)")
     a.set_ylabel(metric.replace("_", " "))
     a.set_title("time to accuracy")

@@ -200,6 +200,7 @@ class Runtime:
         plan.lists = self.eval_topology
         # evaluation reads rows outside the measured run; through the page cache, there is only one
         self.eval_reader = store.reader("direct") if plan.reader == "direct" else None
+        self.stream_reader = None                     # layer-wise evaluation's own direct reader (made on use)
 
     def _time(self, stage, seconds):
         self.timers[stage] = self.timers.get(stage, 0.0) + seconds
@@ -291,6 +292,13 @@ class Runtime:
         """Feature rows for evaluation: resident from RAM, the rest through the evaluation reader."""
         return self.cached.gather(ids, self.eval_reader)
 
+    def stream_rows(self, ids):
+        """Feature rows for layer-wise evaluation (sorted ids, read once each): resident from RAM, the
+        rest by direct reads of its own reader (never in the run's I/O, whatever the plan's reader)."""
+        if self.stream_reader is None:
+            self.stream_reader = self.store.reader("direct")
+        return self.cached.gather(ids, self.stream_reader)
+
     # -- the history stage ---------------------------------------------------------------------
     def inputs(self, sample, t):
         """(x, what `forward` needs): the input rows the batch uses (a history plan prunes them)."""
@@ -343,8 +351,9 @@ class Runtime:
         self.loader.close()
         if self.ahead is not None:
             self.ahead.close()
-        if self.eval_reader is not None:
-            self.eval_reader.close()
+        for r in (self.eval_reader, self.stream_reader):
+            if r is not None:
+                r.close()
         if self.eval_topology is not None and self.eval_topology.reader is not self.topology.reader:
             self.eval_topology.reader.close()
         self.cached.reader.close()

@@ -48,6 +48,12 @@ def run_grid(base: TrainConfig, grid: dict, seeds=(0,), out_root="runs/sweep",
     return pd.concat(logs, ignore_index=True), pd.DataFrame(rows)
 
 
+def seed_table(summary: pd.DataFrame, metrics=("best_val_acc", "test_at_best_val", "train_s")) -> pd.DataFrame:
+    """The sweep table over its seeds axis: one row per setting, `<metric>_mean`, `<metric>_std`, `seeds`."""
+    from .seeds import aggregate_rows
+    return aggregate_rows(summary, metrics)
+
+
 def sweep(base: TrainConfig, param: str, values, seeds=(0,), out_root="runs/sweep", on_run=None):
     """One knob: `run_grid(base, {param: values}, seeds)`."""
     return run_grid(base, {param: list(values)}, seeds, out_root, on_run)

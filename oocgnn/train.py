@@ -29,6 +29,7 @@ from tqdm.auto import tqdm
 from .config import POLICY_OPTIONS, SETTINGS, TrainConfig
 from .device import LossMeter, autocast, resolve_device
 from .errors import UserError
+from .evaluation import LayerwiseEval
 from .io import IOStats
 from .models import build_model
 from .policies import make_plan
@@ -213,10 +214,13 @@ def _train(cfg, run, store, plan, runtime, t_enter, device) -> dict:
         add_losses(losses.flush())
         before = runtime.io()
         with timers("eval"):
-            accs = {s: evaluate(model, eval_sampler, runtime.eval_rows, labels, ids, cfg.eval_batch_size,
-                                device, cfg.precision)
-                    for s, ids in eval_sets.items()}
-        if runtime.eval_reader is None:            # else a background load may be what was read
+            if layerwise is not None:              # its reads: its own reader, never the run's
+                accs = layerwise.accuracy(model, labels, eval_sets, device, cfg.precision)
+            else:
+                accs = {s: evaluate(model, eval_sampler, runtime.eval_rows, labels, ids, cfg.eval_batch_size,
+                                    device, cfg.precision)
+                        for s, ids in eval_sets.items()}
+        if layerwise is None and runtime.eval_reader is None:   # else a background load may be what was read
             excluded.__iadd__(runtime.io() - before)
         io = runtime.io() - excluded + carried
         rows.append({"wall_s": round(st["train_s"], 4), "epoch": epoch, "step": step,
@@ -242,7 +246,11 @@ def _train(cfg, run, store, plan, runtime, t_enter, device) -> dict:
     bar = tqdm(total=len(steps), desc=cfg.policy, unit="step", disable=not cfg.progress, leave=False)
     with runtime.memory_cap():
         runtime.setup()                            # run-long residents: outside the timed epochs
-        eval_sampler = Sampler(runtime.eval_topology, [int(f) for f in cfg.eval_fanouts.split(",")], cfg.seed + 7)
+        eval_fanouts = [int(f) for f in cfg.eval_fanouts.split(",")]
+        eval_sampler = Sampler(runtime.eval_topology, eval_fanouts, cfg.seed + 7)
+        layerwise = None if cfg.eval_mode == "batch" or cfg.model == "mlp" else LayerwiseEval(
+            eval_sampler, eval_fanouts, np.concatenate(list(eval_sets.values())), store.feat_dim,
+            runtime.stream_rows, cfg.memory_budget_bytes)
         if cfg.resume:
             state = run.load_checkpoint()
             start = state["step"]
@@ -338,6 +346,9 @@ def _train(cfg, run, store, plan, runtime, t_enter, device) -> dict:
         "memory": plan.memory(), "resident_bytes": plan.resident_bytes(),
         "memory_budget": cfg.memory_budget_bytes, "memory_cap": cap_record, "peak_rss": peak_rss(),
         "history_hits": runtime.history_hits,
+        "eval_mode": "layerwise" if layerwise is not None else "batch",
+        "eval_memory": layerwise.memory() if layerwise is not None else None,
+        "eval_spilled": layerwise.spilled if layerwise is not None else None,
         "device": str(device), "precision": cfg.precision,
         "h2d": {"bytes": runtime.h2d.bytes, "pinned_bytes": runtime.h2d.pinned_bytes},
     }

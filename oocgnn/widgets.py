@@ -15,7 +15,7 @@ from .config import TrainConfig
 from .errors import UserError
 from .plots import plot_sweep
 from .policies import POLICIES
-from .sweep import sweep
+from .sweep import seed_table, sweep
 
 
 def error_line(e: BaseException) -> str:
@@ -102,6 +102,8 @@ def sweep_widget(base: TrainConfig, knobs: dict, seeds=(0,), out_root="runs/swee
             fig = plot_sweep(logs, summary, knob.value)
             box.result = (logs, summary, fig)
             out.append_display_data(summary)
+            if summary["seed"].nunique() > 1:        # mean ± std over the seeds, per setting
+                out.append_display_data(seed_table(summary))
             out.append_display_data(figure_png(fig))
         except Exception as e:          # noqa: BLE001 - shown in the widget, as one line
             status.value = _status("error", error_line(e))

@@ -51,6 +51,7 @@ SMOKE = {   # toy settings of each benchmark; tmp is a fresh directory
     "distributed": lambda tmp: ["--preset", "tiny", "--parts", 16, "--epochs", 1, "--batch-size", 256,
                                 "--fanouts", "5,5", "--eval-nodes", 200, "--project-ranks", "2,4", "--ks", "1,4",
                                 "--data", tmp],
+    "eval": lambda tmp: ["--preset", "tiny", "--eval-nodes", 300, "--reps", 1, "--budget", "64KB", "--data", tmp],
     "train": lambda tmp: ["--preset", "tiny", "--parts", 16, "--budget", "10MB", "--steps", 4,
                           "--policies", "inmemory,mmap,hierbatching,outre,ginex,macrobatch,marius,marius-beta",
                           "--physical-parts", 8, "--superbatch", 2,

@@ -73,3 +73,34 @@ def test_train_has_a_flag_for_every_setting():
     args = build_parser().parse_args(["train", "S", "--passes", "1.5", "--no-pipeline", "--staleness", "3"])
     cfg = TrainConfig.create(**{k: v for k, v in vars(args).items() if k in SETTINGS and v is not None})
     assert (cfg.hierbatching.passes, cfg.hierbatching.pipeline, cfg.outre.staleness) == (1.5, False, 3)
+
+
+@pytest.mark.parametrize("spec, fracs", [("random:0.1,0.1,0.8", (0.1, 0.1, 0.8)), ("random:0.3,0.2,0.25", (0.3, 0.2, 0.25))])
+def test_prepare_split_random_equals_resplit(tmp_path, spec, fracs):
+    """`prepare SRC.npz --split random:...` holds the splits `GraphData.resplit` makes with that seed
+    (store ids mapped back to the source's through orig_ids); `--split given` keeps the source's."""
+    import numpy as np
+    from oocgnn.datasets import load_npz
+    from oocgnn.store import open_store
+    from tests.conftest import shared_dataset
+    src = shared_dataset("cora")
+    data = load_npz(src)
+    want = load_npz(src).resplit(fracs[0], fracs[1], seed=3, test_frac=fracs[2])
+    assert main(["prepare", str(src), "--out", str(tmp_path / "s"), "--quiet", "--split", spec, "--seed", "3",
+                 "--partitioner", "random", "--parts", "4"]) == 0
+    store = open_store(tmp_path / "s")
+    for split in ("train", "val", "test"):
+        got = np.sort(store.orig_ids[getattr(store, f"{split}_idx")])
+        assert np.array_equal(got, getattr(want, f"{split}_idx")), split
+    assert main(["prepare", str(src), "--out", str(tmp_path / "g"), "--quiet", "--split", "given"]) == 0
+    given = open_store(tmp_path / "g")
+    assert np.array_equal(np.sort(given.orig_ids[given.val_idx]), np.sort(data.val_idx))
+
+
+@pytest.mark.parametrize("spec, msg", [("random:0.5,0.4,0.2", "sum to 1.1"), ("random:0.1,-0.1,0.8", "> 0"),
+                                       ("random:0.1,0.1", "random:TRAIN,VAL,TEST"), ("random:a,b,c", "e.g."),
+                                       ("half", "'given' or"), ("random:0.1,0.1,nan", "e.g.")])
+def test_prepare_split_rejects_bad_specs(tmp_path, capsys, spec, msg):
+    assert main(["prepare", "synthetic", "--preset", "tiny", "--out", str(tmp_path / "s"), "--split", spec]) == 2
+    err = capsys.readouterr().err
+    assert "bad --split" in err and msg in err and not (tmp_path / "s").exists()

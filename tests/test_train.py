@@ -127,3 +127,20 @@ def test_config_routes_settings_by_name_and_round_trips():
         cfg.replace(warp=9)
     with pytest.raises(UserError, match="passes must be >= 1"):
         cfg.replace(passes=0.5)
+
+
+@pytest.mark.parametrize("policy", ["hierbatching", "mmap"])
+def test_layerwise_evaluation_equals_one_batch_evaluation_in_a_run(fennel16, tmp_path, policy):
+    """The same run evaluated layer-wise and per batch in one batch (the same neighbourhoods): the same
+    accuracies at every evaluation, the same training, the same counted reads (evaluation's are not).
+    Through the page cache (mmap) the counted reads differ: per-batch evaluation's mmap reads leave pages
+    that training then finds cached; layer-wise evaluation's direct reads leave none."""
+    kw = {"policy": policy, "memory_budget": "3MB", "parts_per_megabatch": 4, "epochs": 2, "eval_every": 2,
+          "max_eval_nodes": 300}
+    a = _run(fennel16, tmp_path / "lw", eval_mode="layerwise", **kw)
+    b = _run(fennel16, tmp_path / "b", eval_mode="batch", eval_batch_size=10_000, **kw)
+    assert a["eval_mode"] == "layerwise" and b["eval_mode"] == "batch" and len(a["log"]) >= 3
+    for col in ("val_acc", "test_acc") + (("bytes_read", "requests") if policy != "mmap" else ()):
+        assert list(a["log"][col]) == list(b["log"][col]), col
+    np.testing.assert_allclose(a["log"]["train_loss"], b["log"]["train_loss"], rtol=1e-6)
+    assert a["eval_memory"]["input_rows"] > 0

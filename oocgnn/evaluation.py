@@ -1,0 +1,163 @@
+"""Evaluation as a plan: layer-wise inference over the store in its own order.
+
+DGL's offline inference (the `inference` of its GraphSAGE example; Hamilton et al. 2017 §3.1's
+layer-by-layer forward): instead of sampling each evaluation batch's L-hop tree and reading its input
+rows (rows re-read by every batch that reaches them, in random order), compute layer 1 for every node
+the evaluated ids need, then layer 2 from those embeddings, and so on. Only the L-hop in-neighbourhood
+of the evaluated ids is computed: layer i's destination nodes are the sources of layer i+1's.
+
+Neighbourhoods: the evaluation fanouts (-1: all neighbours, DGL's offline inference), each node's
+layer-i neighbours drawn once with the sampler's key (seed, 0, 0, i, node). A node's draw depends only
+on that key, so the result equals per-batch evaluation (`train.evaluate`) of the same nodes in one batch,
+and with full neighbourhoods at any batch size (the oracle tests).
+
+Reads: the input rows (layer 0's sources) are read once per evaluation, sorted in store order, in
+chunks of `read_chunk` bytes (`rows(ids)`: coalesced direct reads, outside the run's I/O accounting).
+Memory: the blocks (kept across evaluations: the neighbourhoods do not change), the input rows and
+each layer's embeddings; a table that does not fit what `budget` leaves is spilled to a temporary file.
+"""
+from __future__ import annotations
+
+import tempfile
+
+import numpy as np
+import torch
+
+from .blocks import sample_layer
+from .device import autocast
+
+READ_CHUNK = 64 << 20        # bytes of input rows read per call
+DST_CHUNK = 8192             # destination nodes per layer call
+
+
+class _Table:
+    """Rows of sorted ids `ids` ([len(ids), dim] float32): in RAM, or in a temporary file (spilled)."""
+
+    def __init__(self, ids, dim, in_ram: bool):
+        self.ids, self.dim, self.in_ram = ids, int(dim), in_ram
+        if in_ram:
+            self.rows = torch.empty((len(ids), self.dim), dtype=torch.float32)
+            self._file = None
+        else:
+            self._file = tempfile.NamedTemporaryFile(prefix="oocgnn-eval-", suffix=".bin")
+            self.rows = np.memmap(self._file.name, np.float32, "w+", shape=(max(1, len(ids)), self.dim))
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.ids) * self.dim * 4
+
+    def write(self, lo, values: torch.Tensor):
+        if self.in_ram:
+            self.rows[lo:lo + len(values)] = values
+        else:
+            self.rows[lo:lo + len(values)] = values.numpy()
+
+    def take(self, pos: np.ndarray) -> torch.Tensor:
+        if self.in_ram:
+            return self.rows[torch.from_numpy(pos)]
+        return torch.from_numpy(np.asarray(self.rows[pos]))
+
+    def close(self):
+        if self._file is not None:
+            del self.rows
+            self._file.close()
+            self._file = None
+
+
+class LayerwiseEval:
+    """Layer-wise inference of `nodes` over `sampler`'s topology with `fanouts` (its seed keys the
+    draws). `rows(sorted ids) -> [n, D] float32 tensor` gives feature rows; `budget` (bytes) bounds
+    the blocks, the input rows and the embeddings held at once (what does not fit is spilled)."""
+
+    def __init__(self, sampler, fanouts, nodes, feat_dim, rows, budget, dst_chunk=DST_CHUNK,
+                 read_chunk=READ_CHUNK):
+        self.sampler, self.fanouts = sampler, [int(f) for f in fanouts]
+        self.nodes = np.unique(np.asarray(nodes, dtype=np.int64))
+        self.feat_dim, self.rows, self.budget = int(feat_dim), rows, int(budget)
+        self.dst_chunk, self.read_chunk = int(dst_chunk), int(read_chunk)
+        self.layers = None          # per layer: (sorted dst ids, [(lo, block, src positions)])
+        self.spilled = []           # names of tables that went to a temporary file (last evaluation)
+
+    # -- the plan: who needs whom, sampled once -------------------------------------------------
+    def _plan(self):
+        topo, s = self.sampler.topology, self.sampler
+        layers, dst = [None] * len(self.fanouts), self.nodes
+        for i in range(len(self.fanouts) - 1, -1, -1):
+            chunks, srcs = [], []
+            for lo in range(0, len(dst), self.dst_chunk):
+                frontier = dst[lo:lo + self.dst_chunk]
+                starts, ends, buf = topo.lists(frontier)
+                block = sample_layer(frontier, starts, ends, buf, self.fanouts[i], s.seed, 0, 0, i, s.scratch)
+                chunks.append([lo, block])
+                srcs.append(block.src_nodes)
+            layers[i] = (dst, chunks)
+            dst = np.unique(np.concatenate(srcs)) if srcs else np.empty(0, np.int64)
+        for i, (_, chunks) in enumerate(layers):       # where each block's sources sit in layer i's input
+            src_ids = dst if i == 0 else layers[i - 1][0]
+            for c in chunks:
+                c.append(np.searchsorted(src_ids, c[1].src_nodes))
+        self.input_ids, self.layers = dst, layers
+
+    def memory(self) -> dict:
+        """Bytes of what an evaluation holds: blocks, input rows, embeddings (the widest layer's pair)."""
+        if self.layers is None:
+            self._plan()
+        blocks = sum(b.indptr.nbytes + b.indices.nbytes + b.src_nodes.nbytes + p.nbytes
+                     for _, chunks in self.layers for _, b, p in chunks)
+        return {"blocks": blocks, "input_rows": len(self.input_ids) * self.feat_dim * 4,
+                "read_chunk": min(self.read_chunk, len(self.input_ids) * self.feat_dim * 4)}
+
+    # -- the evaluation ----------------------------------------------------------------------
+    def logits(self, model, device="cpu", precision="fp32") -> torch.Tensor:
+        """Logits [len(self.nodes), C] of `model` (on `device`) for the sorted evaluated nodes."""
+        if self.layers is None:
+            self._plan()
+        device = torch.device(device)
+        mem = self.memory()
+        left = self.budget - mem["blocks"] - mem["read_chunk"]
+        self.spilled = []
+        table = self._table(self.input_ids, self.feat_dim, left, "input_rows")
+        left -= table.nbytes if table.in_ram else 0
+        step = max(1, self.read_chunk // (self.feat_dim * 4))
+        for lo in range(0, len(self.input_ids), step):     # each input row read once, in store order
+            table.write(lo, self.rows(self.input_ids[lo:lo + step]))
+        was = model.training
+        model.eval()
+        try:
+            with torch.no_grad():
+                for i, (dst, chunks) in enumerate(self.layers):
+                    out = None
+                    for lo, block, pos in chunks:
+                        h = table.take(pos).to(device)
+                        with autocast(device, precision):
+                            y = model.layer(i, block, h)
+                        y = y.float().reshape(len(y), -1).cpu()
+                        if out is None:
+                            out = self._table(dst, y.shape[1], left, f"layer{i + 1}")
+                        out.write(lo, y)
+                    table.close()
+                    left += table.nbytes if table.in_ram else 0
+                    table = out if out is not None else _Table(dst, 1, True)
+                    left -= table.nbytes if table.in_ram else 0
+        finally:
+            model.train(was)
+        result = table.rows if table.in_ram else torch.from_numpy(np.array(table.rows[:len(dst)]))
+        table.close()
+        return result
+
+    def _table(self, ids, dim, left, name) -> _Table:
+        in_ram = len(ids) * dim * 4 <= left
+        if not in_ram:
+            self.spilled.append(name)
+        return _Table(ids, dim, in_ram)
+
+    def accuracy(self, model, labels: torch.Tensor, sets: dict, device="cpu", precision="fp32") -> dict:
+        """{name: accuracy of model on the ids of sets[name]} (each a subset of `nodes`), one pass."""
+        pred = self.logits(model, device, precision).argmax(1)
+        out = {}
+        for name, ids in sets.items():
+            ids = np.asarray(ids, dtype=np.int64)
+            got = pred[torch.from_numpy(np.searchsorted(self.nodes, ids))]
+            out[name] = int((got == labels[torch.from_numpy(ids)]).sum()) / max(1, len(ids))
+        return out
+

@@ -1,0 +1,112 @@
+"""Seeds aggregated: one run per seed, and the mean ± standard deviation of their results.
+
+`train_seeds(cfg, seeds)` trains `cfg` once per seed into `<run dir>/seed<S>` and writes
+`aggregate.json` (per summary metric: mean, std, n and the values) and `aggregate_log.csv` (per
+evaluation index: the seeds' mean and std of wall time and accuracies) to the run directory.
+`aggregate_rows` is the same statistic over any table of runs (the sweep table's seeds axis).
+The standard deviation is the sample one (ddof = 1; 0 for a single seed).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from .errors import UserError
+
+METRICS = ("best_val_acc", "test_at_best_val", "final_val_acc", "final_test_acc", "train_s", "epoch_s",
+           "time_to_target_s", "peak_rss")
+CURVE = ("wall_s", "val_acc", "test_acc", "train_loss")
+
+
+def parse_seeds(text) -> list:
+    """'0,1,2' -> [0, 1, 2] (distinct non-negative integers)."""
+    try:
+        seeds = [int(s) for s in str(text).replace(" ", "").split(",") if s]
+    except ValueError:
+        raise UserError(f"bad --seeds {text!r}: use comma-separated integers, e.g. 0,1,2") from None
+    if not seeds or min(seeds) < 0 or len(set(seeds)) != len(seeds):
+        raise UserError(f"bad --seeds {text!r}: give distinct non-negative integers, e.g. 0,1,2")
+    return seeds
+
+
+def mean_std(values) -> dict:
+    """{mean, std (ddof 1; 0 for one value), n, values} of the values that are not None/NaN."""
+    vals = [float(v) for v in values if v is not None and np.isfinite(float(v))]
+    if not vals:
+        return {"mean": None, "std": None, "n": 0, "values": []}
+    return {"mean": float(np.mean(vals)), "std": float(np.std(vals, ddof=1)) if len(vals) > 1 else 0.0,
+            "n": len(vals), "values": vals}
+
+
+def aggregate(summaries: list) -> dict:
+    """The seeds' summaries reduced: {metric: mean_std(...)} plus the seeds."""
+    return {"seeds": [s["seed"] for s in summaries],
+            **{m: mean_std([s.get(m) for s in summaries]) for m in METRICS}}
+
+
+def aggregate_logs(logs: list) -> pd.DataFrame:
+    """Per evaluation index (the seeds evaluate at the same steps): mean and std of the curves."""
+    n = min(len(log) for log in logs)
+    frame = pd.concat([log.iloc[:n].reset_index(drop=True).assign(i=range(n)) for log in logs])
+    g = frame.groupby("i")
+    out = pd.DataFrame({"epoch": g["epoch"].first(), "step": g["step"].first()})
+    for col in CURVE:
+        out[f"{col}_mean"] = g[col].mean()
+        out[f"{col}_std"] = g[col].std(ddof=1).fillna(0.0)
+    out["seeds"] = len(logs)
+    return out.reset_index(drop=True)
+
+
+def aggregate_rows(rows: pd.DataFrame, metrics=("best_val_acc", "test_at_best_val", "train_s")) -> pd.DataFrame:
+    """A table of runs (a column `seed`, the others settings or results) reduced over seeds: one row
+    per setting (the columns named like settings) with `<metric>_mean`, `<metric>_std` and `seeds` (the
+    sweep table's seeds axis)."""
+    from .config import SETTINGS
+    keys = [c for c in rows.columns if (c in SETTINGS or c == "policy") and c != "seed" and c not in metrics]
+    out = []
+    for key, group in rows.groupby(keys, sort=False, dropna=False) if keys else [((), rows)]:
+        row = dict(zip(keys, key if isinstance(key, tuple) else (key,)))
+        for m in metrics:
+            stat = mean_std(group[m])
+            row[f"{m}_mean"], row[f"{m}_std"] = stat["mean"], stat["std"]
+        row["seeds"] = len(group)
+        out.append(row)
+    return pd.DataFrame(out)
+
+
+def train_seeds(cfg, seeds) -> dict:
+    """Train `cfg` once per seed into <run dir>/seed<S>; write and return the aggregate."""
+    from .train import default_run_dir, train
+    if cfg.resume:
+        raise UserError("--seeds starts new runs; resume each seed's run directory on its own")
+    root = Path(cfg.out) if cfg.out else default_run_dir(cfg).with_name(
+        default_run_dir(cfg).name.rsplit("-s", 1)[0] + "-seeds" + "_".join(map(str, seeds)))
+    root.mkdir(parents=True, exist_ok=True)
+    summaries = []
+    for seed in seeds:
+        s = train(cfg.replace(seed=seed, seeds="", out=str(root / f"seed{seed}")))
+        summaries.append(s)
+    agg = {"run_dir": str(root), "policy": cfg.policy, "model": cfg.model, **aggregate(summaries)}
+    (root / "aggregate.json").write_text(json.dumps(agg, indent=2))
+    aggregate_logs([s["log"] for s in summaries]).to_csv(root / "aggregate_log.csv", index=False)
+    return {**agg, "runs": summaries}
+
+
+def seed_runs(path) -> list:
+    """The per-seed run directories of a `--seeds` directory (one with aggregate.json), else [path]."""
+    path = Path(path)
+    if not (path / "aggregate.json").is_file():
+        return [path]
+    seeds = json.loads((path / "aggregate.json").read_text())["seeds"]
+    return [path / f"seed{s}" for s in seeds]
+
+
+def format_mean_std(stat: dict, scale=100.0, digits=1) -> str:
+    """'80.1 ± 1.0 (3 seeds)' of a mean_std (accuracies in points by default)."""
+    if not stat["n"]:
+        return "-"
+    return f"{stat['mean'] * scale:.{digits}f} ± {stat['std'] * scale:.{digits}f} ({stat['n']} seed" \
+           f"{'s' if stat['n'] > 1 else ''})"
