@@ -21,6 +21,9 @@ import numpy as np
 # a third of the feature file, given and random 10/10/80 splits): see the thresholds' notes there.
 MIN_PARTS = 8          # groups whose training nodes come from fewer parts than this (mean) warn
 MAX_TV = 0.25          # a mean total-variation distance above this warns
+TARGET_PARTS = 128     # `default_parts`: parts a HierBatching mega-batch holds at the default budget
+MIN_PART_NODES = 20    # `default_parts`: no smaller parts (HierBatching's digest: ~100-2000 nodes)
+MAX_PART_NODES = 2000
 
 
 def part_of(schedule, ids) -> np.ndarray:
@@ -97,3 +100,22 @@ def check(stats: dict, plan=None) -> str:
             f"label distance {stats['tv_mean']:.2f} from the training set on average (warn above {MAX_TV}), "
             f"worst {stats['tv_max']:.2f}; accuracy may fall short of inmemory. Try "
             f"{fix.get(name, 'larger groups or more parts (prepare --parts K)')}")
+
+
+def default_parts(num_nodes, num_edges, feat_dim, budget=None, static_ratio=0.01) -> int:
+    """`oocgnn prepare`'s K for a partitioned store: enough parts that a HierBatching mega-batch at
+    `budget` (default: the run's default `--memory-budget`) holds TARGET_PARTS of them, i.e. K = target /
+    r_d with r_d from HierBatching App. B's rule 2(r_s + r_d)(A + B) <= C (A, B the feature and
+    topology bytes); parts of at most MAX_PART_NODES and at least MIN_PART_NODES nodes."""
+    import math
+    from .io import feature_row_stride
+    if budget is None:
+        from .config import SETTINGS
+        from .units import parse_size
+        budget = parse_size(SETTINGS["memory_budget"][1].default)
+    a = int(num_nodes) * feature_row_stride(int(feat_dim) * 4)
+    b = (int(num_nodes) + 1) * 8 + int(num_edges) * 4
+    r_d = min(1.0, budget / (2 * (a + b)) - static_ratio)
+    want = math.ceil(TARGET_PARTS / r_d) if r_d > 0 else num_nodes
+    lo, hi = math.ceil(num_nodes / MAX_PART_NODES), max(1, num_nodes // MIN_PART_NODES)
+    return int(max(1, min(max(want, lo), hi)))

@@ -7,18 +7,24 @@ from pathlib import Path
 import pandas as pd
 
 
+MIXING_COLUMNS = {"parts_mean": "mixing_parts", "tv_mean": "mixing_tv_mean", "tv_max": "mixing_tv_max"}
+
+
 def load_runs(run_dirs) -> pd.DataFrame:
     """Concatenate the log.csv of several finished run directories (checked: `rundir.load_run`),
-    labelled by policy/model/seed."""
+    labelled by policy/model/seed and the mixing of the run's groups (`oocgnn.mixing`)."""
     from .rundir import load_run
     frames = []
     for d in map(Path, run_dirs):
-        cfg, log, _ = load_run(d)
+        cfg, log, summary = load_run(d)
         log = log.copy()
         log.insert(0, "run", d.name)
         log.insert(1, "policy", cfg["policy"])
         log.insert(2, "model", cfg["model"])
         log.insert(3, "seed", cfg["seed"])
+        mix = summary.get("mixing") or {}          # runs from before `oocgnn.mixing` have none
+        for key, col in MIXING_COLUMNS.items():
+            log[col] = mix.get(key)
         frames.append(log)
     return pd.concat(frames, ignore_index=True)
 

@@ -6,7 +6,7 @@ import pytest
 
 from oocgnn.config import TrainConfig
 from oocgnn.mixing import MAX_TV, MIN_PARTS, group_stats, mixing
-from oocgnn.policies import make_plan
+from oocgnn.policies import HierBatchingPlan, make_plan
 
 
 @pytest.fixture(scope="module")
@@ -76,3 +76,54 @@ def test_groups_of_more_parts_mix_better(by_label, tmp_path):
     assert small["parts_mean"] < MIN_PARTS and "--parts-per-megabatch" in small["warning"]
     assert large["groups"] == 1 and large["warning"] == ""
     assert (large["tv_mean"] > MAX_TV) is False
+
+
+def _train_cli(store, tmp_path, capsys, *flags):
+    from oocgnn.cli import main
+    assert main(["train", str(store.path), "--policy", "hierbatching", "--epochs", "1", "--max-steps", "2",
+                 "--batch-size", "64", "--max-eval-nodes", "50", "--no-progress", "--out", str(tmp_path / "run"),
+                 "--force", *flags]) == 0
+    return capsys.readouterr()
+
+
+def test_the_warning_fires_on_16_parts_in_pairs_and_not_with_the_defaults(fennel16, tmp_path, capsys):
+    import json
+    bad = _train_cli(fennel16, tmp_path, capsys, "--parts-per-megabatch", "2")
+    lines = [line for line in bad.err.splitlines() if "mix poorly" in line]
+    assert len(lines) == 1 and lines[0].startswith("oocgnn: warning: hierbatching") and "--parts-per-megabatch" in lines[0]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["mixing"]["parts_mean"] == 2 and summary["mixing"]["warning"]
+    assert "mixing: 8 groups an epoch of 2.0 parts" in bad.out
+    good = _train_cli(fennel16, tmp_path, capsys)
+    assert "mix poorly" not in good.err
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["parts_per_megabatch"] == 16 and summary["mixing"]["groups"] == 1
+
+
+def test_the_default_mega_batch_is_the_most_the_budget_holds(fennel16, tmp_path):
+    """N_d = 0 (the default): the largest N_d whose plan fits, evened out over as few mega-batches."""
+    for budget in ("1MB", "2MB", "3MB"):
+        plan = make_plan(fennel16, _cfg(fennel16, tmp_path, policy="hierbatching", memory_budget=budget))
+        fits = [k for k in range(1, 17) if HierBatchingPlan(fennel16, _cfg(     # unchecked: it may not fit
+            fennel16, tmp_path, policy="hierbatching", memory_budget=budget, parts_per_megabatch=k,
+            topology=plan.topology)).resident_bytes() <= plan.budget]
+        most = max(fits)
+        assert plan.n_d == -(-16 // -(-16 // most)) and plan.n_d in fits, (budget, fits, plan.n_d)
+        assert plan.schedule.parts_per_megabatch == plan.n_d
+
+
+def test_prepare_chooses_parts_that_a_mega_batch_holds_many_of():
+    from oocgnn.mixing import MAX_PART_NODES, MIN_PART_NODES, TARGET_PARTS, default_parts
+    assert default_parts(2708, 10556, 1433) == TARGET_PARTS                 # cora: all of it fits 256MB
+    assert default_parts(1000, 4000, 16) == 1000 // MIN_PART_NODES          # parts no smaller than that
+    n, e, d, budget = 10_000_000, 200_000_000, 128, 256 * 10**6
+    k = default_parts(n, e, d, budget)
+    a, b = n * 512, (n + 1) * 8 + e * 4                                     # 128 floats: a 512-byte stride
+    r_d = budget / (2 * (a + b)) - HierBatchingPlan.Options().static_ratio
+    assert k >= n / MAX_PART_NODES and round(r_d * k) >= TARGET_PARTS
+
+
+def test_simulate_carries_the_plans_mixing(by_label, tmp_path):
+    from oocgnn.simulate import simulate
+    plan = make_plan(by_label, _cfg(by_label, tmp_path, policy="hierbatching", parts_per_megabatch=3))
+    assert simulate(by_label, plan, steps=2, progress=False).attrs["mixing"] == mixing(plan)
