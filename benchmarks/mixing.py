@@ -3,7 +3,8 @@
 For each dataset and split (the graph's own, and a random 10/10/80 one via `GraphData.resplit`), a
 METIS store is written per number of parts; `inmemory` is trained as the reference, then
 `hierbatching` at a budget of --budget-frac of the feature file for every PARTS:N_D of --configs that
-fits it (N_D = 0: the default, what the budget allows). Each row gives the plan's mixing
+fits it (N_D = 0: the default, what the budget allows), and `outre` with its defaults on the --outre
+parts store if asked. Each row gives the plan's mixing
 (`oocgnn.mixing`: parts per mega-batch, mean and worst label TV distance; no I/O), test accuracy at
 the best validation step (mean ± std over --seeds) and its difference from inmemory's, and whether
 the run warned. The thresholds of `oocgnn.mixing` (MIN_PARTS, MAX_TV) were read off this table.
@@ -77,6 +78,8 @@ def main(argv=None):
                                                                "seed 0) (default given,random)")
     ap.add_argument("--configs", default="16:2,64:8,128:16,256:32",
                     help="PARTS:N_D pairs; N_D 0 is the default (default 16:2,64:8,128:16,256:32)")
+    ap.add_argument("--outre", type=int, default=0, help="also train outre (its defaults) on a store of this many "
+                                                           "parts (default 0: not)")
     ap.add_argument("--budget-frac", type=float, default=1 / 3, help="budget as a fraction of the feature file "
                                                                        "(default 1/3)")
     ap.add_argument("--seeds", default="0,1,2", help="training seeds (default 0,1,2)")
@@ -110,11 +113,13 @@ def main(argv=None):
             rows.append({"dataset": label, "policy": "inmemory", "parts": first.num_parts, "n_d": "",
                          "acc": np.mean(ref), "std": np.std(ref), "delta": 0.0})
             print(rows[-1], flush=True)
-            for parts, n_d in configs:
+            runs = [("hierbatching", parts, n_d) for parts, n_d in configs]
+            for policy, parts, n_d in runs + ([("outre", args.outre, 0)] if args.outre else []):
                 store = store_for(data, parts, args.data, label)
-                mix, accs, err = run(store, base, seeds, args.data, policy="hierbatching",
+                mix, accs, err = run(store, base, seeds, args.data, policy=policy,
                                      **({"parts_per_megabatch": n_d} if n_d else {}))
-                row = {"dataset": label, "policy": "hierbatching", "parts": parts, "n_d": n_d or "auto"}
+                row = {"dataset": label, "policy": policy, "parts": parts,
+                       "n_d": n_d or ("auto" if policy == "hierbatching" else "")}
                 if mix:
                     row.update(groups=mix["groups"], parts_mean=mix["parts_mean"], tv_mean=mix["tv_mean"],
                                tv_max=mix["tv_max"], acc=np.mean(accs), std=np.std(accs),
