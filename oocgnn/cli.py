@@ -15,6 +15,7 @@ def _cmd_prepare(args):
     from .datasets import load_source, parse_split
     from .store import write_store
     from .synthetic import generate
+    from .mixing import default_parts
     from .partition import check_args, order_from_assignment, partition, peak_rss
     from .store import check_target
     out = Path(os.path.abspath(args.out))
@@ -32,7 +33,8 @@ def _cmd_prepare(args):
     t_load = time.perf_counter() - t0
     if split is not None:
         data = data.resplit(split[0], split[1], seed=args.seed, test_frac=split[2])
-    parts = args.parts or (1 if method == "none" else max(1, data.num_nodes // 2000))
+    parts = args.parts or (1 if method == "none" else
+                           default_parts(data.num_nodes, data.num_edges, data.feat_dim))
     check_args(method, parts, data.num_nodes)
     order = offsets = None
     if method != "none" or parts > 1:
@@ -120,6 +122,10 @@ def _cmd_train(args):
     print(f"{s['run_dir']}: {s['epochs']} epochs in {s['train_s']:.1f} s, best val "
           f"{s['best_val_acc']:.4f}, test at best val {s['test_at_best_val']:.4f}, "
           f"read {s['io']['bytes_read'] / 2**20:.1f} MiB, cap enforced: {s['memory_cap']['enforced']}")
+    m = s["mixing"]
+    print(f"  mixing: {m['groups']:g} groups an epoch of {m['parts_mean']:.1f} parts (fewest {m['parts_min']}), label "
+          f"distance from the training set {m['tv_mean']:.3f} on average, {m['tv_max']:.3f} at worst"
+          + (" (warned)" if m["warning"] else ""))
     if "buffer" in s:
         b = s["buffer"]
         print(f"  buffer: {b['ordering']}, c={b['c']} of p={b['p']} partitions" + (f", l={b['l']}" if b["l"] else "")
@@ -155,6 +161,7 @@ def _cmd_report(args):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import pandas as pd
     from .plots import load_runs, plot_time_to_accuracy, save_figure, seed_table
     runs = load_runs(args.runs)
     table = seed_table(runs)
@@ -162,6 +169,11 @@ def _cmd_report(args):
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     runs.to_csv(out.with_suffix(".csv"), index=False)
+    for run, r in runs.groupby("run", sort=False):    # one line a run: its accuracy and its groups' mixing
+        r = r.iloc[-1]
+        mix = "" if pd.isna(r["mixing_tv_mean"]) else \
+            f", groups of {r['mixing_parts']:.1f} parts, label TV {r['mixing_tv_mean']:.3f} (worst {r['mixing_tv_max']:.3f})"
+        print(f"{run}: {r['policy']}, best val {runs.loc[runs.run == run, 'val_acc'].max():.4f}{mix}")
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     plot_time_to_accuracy(runs, axes[0], "val_acc", "validation accuracy vs time")
     plot_time_to_accuracy(runs, axes[1], "test_acc", "test accuracy vs time")
@@ -238,7 +250,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="metis | fennel | random | none (default none): relabel nodes so each part "
                          "is a contiguous store-id range; results cached in data/partitions")
     pr.add_argument("--parts", type=int,
-                    help="number of parts K (default 1 for none, else N/2000)")
+                    help="number of parts K (default 1 for none; else enough that a HierBatching mega-batch "
+                         "at the default --memory-budget holds 128 parts, in parts of 20 to 2000 nodes)")
     pr.set_defaults(func=_cmd_prepare)
 
     inf = sub.add_parser("info", help="describe a store", description="Validate a store and print "

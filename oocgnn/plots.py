@@ -7,9 +7,13 @@ from pathlib import Path
 import pandas as pd
 
 
+MIXING_COLUMNS = {"parts_mean": "mixing_parts", "tv_mean": "mixing_tv_mean", "tv_max": "mixing_tv_max"}
+
+
 def load_runs(run_dirs) -> pd.DataFrame:
     """Concatenate the log.csv of several finished run directories (checked: `rundir.load_run`),
-    labelled by policy/model/seed and group (a `train --seeds` directory: its seeds' runs, one group)."""
+    labelled by policy/model/seed, group (a `train --seeds` directory: its seeds' runs, one group) and
+    the mixing of the run's groups (`oocgnn.mixing`)."""
     from .rundir import load_run
     from .seeds import seed_runs
     frames = []
@@ -22,6 +26,9 @@ def load_runs(run_dirs) -> pd.DataFrame:
         log.insert(3, "model", cfg["model"])
         log.insert(4, "seed", cfg["seed"])
         log["best_val_acc"], log["test_at_best_val"] = summary["best_val_acc"], summary["test_at_best_val"]
+        mix = summary.get("mixing") or {}          # runs from before `oocgnn.mixing` have none
+        for key, col in MIXING_COLUMNS.items():
+            log[col] = mix.get(key)
         frames.append(log)
     return pd.concat(frames, ignore_index=True)
 

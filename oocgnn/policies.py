@@ -246,7 +246,8 @@ class HierBatchingPlan(Plan):
 
     @dataclass
     class Options:
-        parts_per_megabatch: int = setting(8, "N_d: parts per mega-batch (r_d = N_d / parts)")
+        parts_per_megabatch: int = setting(0, "N_d: parts per mega-batch (r_d = N_d / parts); 0: the most the "
+                                              "budget holds, the prefetch buffer included")
         static_ratio: float = setting(0.01, "r_s: fraction of nodes (top degree) resident all run")
         passes: float = setting(2.0, "p: passes over each mega-batch's training nodes (fractions allowed)")
         static_scope: str = setting("adjacent", "static nodes a mega-batch may sample: adjacent to it | all")
@@ -255,8 +256,9 @@ class HierBatchingPlan(Plan):
                                    "parts; on an unpartitioned store this is HB- (scattered loads)")
 
         def __post_init__(self):
-            if self.parts_per_megabatch < 1:
-                raise UserError(f"parts_per_megabatch must be >= 1, got {self.parts_per_megabatch}")
+            if self.parts_per_megabatch < 0:
+                raise UserError(f"parts_per_megabatch must be >= 1 (0: the most the budget holds), "
+                                f"got {self.parts_per_megabatch}")
             if not 0 <= self.static_ratio <= 1:
                 raise UserError(f"static_ratio is a fraction in [0, 1], got {self.static_ratio}")
             if self.passes < 1:
@@ -273,11 +275,38 @@ class HierBatchingPlan(Plan):
         o = self.options
         self.pipeline = o.pipeline
         parts = int(o.regroup.partition(":")[2]) if o.regroup else store.num_parts
-        if parts < o.parts_per_megabatch:
-            raise UserError(f"{self.name} needs a partitioned store with at least --parts-per-megabatch "
-                            f"({o.parts_per_megabatch}) parts; {store.path} has {parts} "
+        if parts < max(2, o.parts_per_megabatch):
+            raise UserError(f"{self.name} needs a partitioned store with at least "
+                            f"{max(2, o.parts_per_megabatch)} parts; {store.path} has {parts} "
                             "(prepare it with --partitioner metis|fennel --parts K, or --regroup metis:K)")
+        self.num_groupable = parts              # the parts mega-batches group (the store's, or --regroup's)
+        self.n_d = o.parts_per_megabatch or self._most_parts(parts)
         self._choose_topology()
+
+    def _most_parts(self, parts) -> int:
+        """N_d = 0: the most parts whose mega-batch (twice, with the prefetch buffer) fits the budget
+        beside the rest of the plan, then evened out (as few mega-batches, of equal parts); a topology
+        left to auto is the one that holds more parts (memory on a tie). At least 1 (`check_budget` then
+        says what the budget lacks)."""
+        best = (0, self.topology)
+        for topology in (("memory", "disk") if self.cfg.topology == "auto" else (self.topology,)):
+            self.topology, lo, hi = topology, 0, parts          # the largest fitting N_d in [lo, hi]
+            while lo < hi:
+                self.n_d = (lo + hi + 1) // 2
+                lo, hi = (self.n_d, hi) if self.resident_bytes() <= self.budget else (lo, self.n_d - 1)
+            best = max(best, (lo, topology), key=lambda b: b[0])
+        most = max(1, best[0])
+        groups = -(-parts // most)               # as few mega-batches, of equal parts (no small last one)
+        self.topology, self.n_d = best[1], -(-parts // groups)
+        if "schedule" in self.__dict__ and self.schedule.parts_per_megabatch != self.n_d:
+            del self.__dict__["schedule"]      # built while searching (a disk topology's static lists)
+        return self.n_d
+
+    def _choose_topology(self):
+        """auto: memory if the plan fits so, else disk (an automatic N_d chose its topology already)."""
+        if not self.options.parts_per_megabatch and self.cfg.topology == "auto":
+            return
+        super()._choose_topology()
 
     @cached_property
     def schedule(self):
@@ -287,7 +316,7 @@ class HierBatchingPlan(Plan):
             method, _, parts = o.regroup.partition(":")
             assignment = partition(self.store, method, int(parts), seed=self.seed)[0]
         return make_schedule("megabatch", self.store, batch_size=self.cfg.batch_size, seed=self.seed,
-                             parts_per_megabatch=o.parts_per_megabatch, static_ratio=o.static_ratio,
+                             parts_per_megabatch=self.n_d, static_ratio=o.static_ratio,
                              passes=o.passes, static_scope=o.static_scope, assignment=assignment,
                              restricted=self.induces)
 
@@ -309,21 +338,21 @@ class HierBatchingPlan(Plan):
 
     def group_rows(self):
         """The N_d largest parts: a bound for any permutation of the parts."""
-        return self._largest(self._parts()[0], self.options.parts_per_megabatch)
+        return self._largest(self._parts()[0], self.n_d)
 
     def group_entries(self):
-        return self._largest(self._parts()[1], self.options.parts_per_megabatch)
+        return self._largest(self._parts()[1], self.n_d)
 
     def rule(self) -> dict:
         """HierBatching App. B: 2(r_s + r_d)(A + B) <= C, with A, B the feature and topology bytes."""
         o, a, b = self.options, self.store.num_nodes * self.store.row_stride, self.store.topology_nbytes
-        r_d = o.parts_per_megabatch / self.schedule.num_parts
+        r_d = self.n_d / self.schedule.num_parts
         need = (2 if self.pipeline else 1) * (o.static_ratio + r_d) * (a + b)
         return {"r_s": o.static_ratio, "r_d": r_d, "A": a, "B": b, "need": int(need),
                 "budget": self.budget, "holds": need <= self.budget}
 
     def describe(self):
-        return {"hierbatching_rule": self.rule()}
+        return {"hierbatching_rule": self.rule(), "parts_per_megabatch": self.n_d}
 
 
 class OutrePlan(Plan):
@@ -857,6 +886,8 @@ class ComposedPlan(SampleAheadPlan, HierBatchingPlan):
             from .models import hidden_width
             self.history = HistorySpec(int(self.history_ratio * store.num_nodes), hidden_width(cfg.model, cfg.hidden),
                                        o.staleness, self._history_nodes)
+        if not o.parts_per_megabatch:         # again, with the histories and the samples of a superbatch
+            self.n_d = self._most_parts(self.num_groupable)
         self._choose_topology()               # again, with the histories
         left = self.budget - self.resident_bytes()
         outside = 0 if self.induces else store.num_nodes - self.setup_rows()   # rows a batch may read outside
@@ -930,7 +961,7 @@ class ComposedPlan(SampleAheadPlan, HierBatchingPlan):
     def describe(self):
         o = self.options
         return {"composed": {
-            "megabatch": {"parts": o.parts_per_megabatch, "r_s": o.static_ratio, "passes": o.passes,
+            "megabatch": {"parts": self.n_d, "r_s": o.static_ratio, "passes": o.passes,
                           "static_scope": o.static_scope, "pipeline": self.pipeline, "induced": self.induces,
                           "buffer_rows": self.group_rows(), "static_rows": self.setup_rows()},
             "belady": {"superbatch": self.lookahead, "cache_rows": self.cache_rows},

@@ -267,8 +267,9 @@ def simulate(store, plan, fanouts=None, epochs=1, seed=0, feature_cache=None, ne
     stamps refreshed as the executor's are. feature_cache / neighbour_cache: ids (or masks) always
     resident at no cost; history: ids (or a mask) of an ideal always-fresh history, counted apart in
     the `*_hist` columns. `steps`: only the first so many batches (what a run cut by `max_steps` does).
-    `df.attrs` also holds the schedule, fanouts, seed and wall seconds (and an OUTRE plan's
-    `cache_split`: α, history and cache rows).
+    `df.attrs` also holds the schedule, fanouts, seed and wall seconds, `mixing` (`oocgnn.mixing`: the
+    groups' parts and label distance from the training set) and an OUTRE plan's `cache_split` (α,
+    history and cache rows).
     """
     plan = as_plan(store, plan, fanouts, seed, **schedule_params)
     if history is not None and plan.history is not None:
@@ -317,6 +318,9 @@ def simulate(store, plan, fanouts=None, epochs=1, seed=0, feature_cache=None, ne
     df = pd.DataFrame(rows)
     df.attrs.update(schedule=repr(plan.schedule), fanouts=plan.fanouts, seed=plan.seed, setup=setup,
                     seconds=time.perf_counter() - t0)
+    if plan.cfg is not None or hasattr(plan.schedule, "groups"):   # a policy's plan, or a schedule of groups
+        from .mixing import mixing
+        df.attrs["mixing"] = mixing(plan)
     if getattr(plan, "split", None):          # OUTRE §4.4: α and the rows it gave histories and the cache
         df.attrs["cache_split"] = dict(plan.split)
     return df

@@ -44,6 +44,8 @@ def run_grid(base: TrainConfig, grid: dict, seeds=(0,), out_root="runs/sweep",
         logs.append(s["log"].assign(**settings))
         rows.append({**settings, **{k: s[k] for k in SUMMARY_COLUMNS},
                      "bytes_read": s["io"]["bytes_read"],
+                     **{f"mixing_{k}": s["mixing"][k] for k in ("parts_mean", "tv_mean", "tv_max")},
+                     "mixing_warns": bool(s["mixing"]["warning"]),
                      **{f"{k}_s": v for k, v in s["stage_s"].items()}})
     return pd.concat(logs, ignore_index=True), pd.DataFrame(rows)
 
@@ -52,6 +54,27 @@ def seed_table(summary: pd.DataFrame, metrics=("best_val_acc", "test_at_best_val
     """The sweep table over its seeds axis: one row per setting, `<metric>_mean`, `<metric>_std`, `seeds`."""
     from .seeds import aggregate_rows
     return aggregate_rows(summary, metrics)
+
+
+def mixing_warnings(base: TrainConfig, grid: dict) -> list:
+    """["setting=value, ...: warning"] for each combination of `grid` whose plan mixes poorly
+    (`oocgnn.mixing.check`), from the plans alone (nothing read, nothing trained): what a widget shows
+    before a sweep runs. Combinations whose plan does not build are left to the run to report."""
+    from .mixing import mixing
+    from .policies import make_plan
+    from .store import open_store
+    store, out = open_store(base.store, verify=False), []
+    combos = [{}]
+    for key, values in grid.items():
+        combos = [{**c, key: v} for c in combos for v in values]
+    for combo in combos:
+        try:
+            warning = mixing(make_plan(store, base.replace(**combo)))["warning"]
+        except UserError:
+            continue
+        if warning:
+            out.append(f"{', '.join(f'{k}={v}' for k, v in combo.items()) or base.policy}: {warning}")
+    return out
 
 
 def sweep(base: TrainConfig, param: str, values, seeds=(0,), out_root="runs/sweep", on_run=None):

@@ -31,6 +31,7 @@ from .device import LossMeter, autocast, resolve_device
 from .errors import UserError
 from .evaluation import LayerwiseEval
 from .io import IOStats
+from .mixing import mixing
 from .models import build_model
 from .policies import make_plan
 from .rundir import RunDir, read_json
@@ -157,12 +158,15 @@ def train(cfg: TrainConfig) -> dict:
         torch.set_num_threads(cfg.threads)
     _seed_everything(cfg.seed)
     plan = make_plan(store, cfg)
+    mix = mixing(plan)                             # from labels and the plan's groups: no I/O
+    if mix["warning"]:
+        print(f"oocgnn: warning: {plan.name}: {mix['warning']}", file=sys.stderr)
     if not plan.budgeted and plan.resident_bytes() > plan.budget:
         print(f"oocgnn: note: {plan.name} keeps {format_size(plan.resident_bytes())} resident, more than the "
               f"{format_size(plan.budget)} budget (it is a baseline: the budget does not bound it)", file=sys.stderr)
     runtime = Runtime(store, plan, device)
     try:
-        return _train(cfg, run, store, plan, runtime, t_enter, device)
+        return _train(cfg, run, store, plan, runtime, t_enter, device, mix)
     finally:
         runtime.close()
 
@@ -170,7 +174,7 @@ def train(cfg: TrainConfig) -> dict:
 RUN_FACTS = ("store_meta", "policy_memory", "schedule", "host", "run_id", "memory_budget_bytes")  # config.json, not settings
 
 
-def _train(cfg, run, store, plan, runtime, t_enter, device) -> dict:
+def _train(cfg, run, store, plan, runtime, t_enter, device, mix) -> dict:
     sampler = runtime.sampler
     if not cfg.resume:
         run.write_json("config.json", {
@@ -345,7 +349,7 @@ def _train(cfg, run, store, plan, runtime, t_enter, device) -> dict:
         "io_excluded": (excluded - setup_io).as_dict(),
         "memory": plan.memory(), "resident_bytes": plan.resident_bytes(),
         "memory_budget": cfg.memory_budget_bytes, "memory_cap": cap_record, "peak_rss": peak_rss(),
-        "history_hits": runtime.history_hits,
+        "history_hits": runtime.history_hits, "mixing": mix,
         "eval_mode": "layerwise" if layerwise is not None else "batch",
         "eval_memory": layerwise.memory() if layerwise is not None else None,
         "eval_spilled": layerwise.spilled if layerwise is not None else None,

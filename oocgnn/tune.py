@@ -1,7 +1,8 @@
 """Which policy and knobs for this graph, budget and disk? Predict every candidate, run the best few.
 
 `tune(cfg, out)` (`oocgnn tune`) walks a grid of (policy, knobs) (`GRID`), keeps the candidates whose
-plan fits the memory budget (asked of the plan: nothing is read), predicts each one's epoch time with
+plan fits the memory budget and whose groups mix well enough not to warn (`oocgnn.mixing`; both asked
+of the plan: nothing is read), predicts each one's epoch time with
 the cost model (`oocgnn.costmodel`: the simulator's exact I/O at this disk's measured rates, plus the
 calibrated CPU costs, overlapped as the policy pipelines), and trains the `top` fastest predicted ones
 for a short run each — the fastest knobs of the `top` fastest predicted policies, since what the cost
@@ -50,6 +51,7 @@ def candidates(store, cfg, policies=None) -> pd.DataFrame:
 
 def _candidates(store, cfg, policies=None) -> tuple:
     """`candidates`, and the plans of the fitting ones by row (built once: OUTRE's profiles its split)."""
+    from .mixing import mixing
     from .policies import POLICIES, make_plan
     rows, plans = [], {}
     for policy, grid in GRID.items():
@@ -64,6 +66,9 @@ def _candidates(store, cfg, policies=None) -> tuple:
                     raise UserError(f"inmemory holds {plan.resident_bytes() / 2**20:.0f} MiB, more than the budget")
                 if policy == "hierbatching" and not plan.rule()["holds"]:
                     raise UserError("HierBatching App. B rule 2(r_s + r_d)(A + B) <= C does not hold")
+                warning = mixing(plan)["warning"]      # the run would warn: it may lose accuracy
+                if warning:
+                    raise UserError(f"mixes poorly ({warning.split(';')[0].removeprefix('groups mix poorly: ')})")
                 row.update(fits=True, reason="", resident_bytes=int(plan.resident_bytes()))
                 plans[len(rows)] = plan
             except UserError as e:

@@ -15,7 +15,7 @@ from .config import TrainConfig
 from .errors import UserError
 from .plots import plot_sweep
 from .policies import POLICIES
-from .sweep import seed_table, sweep
+from .sweep import mixing_warnings, seed_table, sweep
 
 
 def error_line(e: BaseException) -> str:
@@ -28,8 +28,8 @@ def error_line(e: BaseException) -> str:
 
 def _status(kind: str, text: str) -> str:
     """The status line as HTML: an error in red (prefixed "error: "), progress in grey, done in green."""
-    colour = {"error": "#b00020", "busy": "#555", "done": "#1b5e20"}[kind]
-    prefix = "error: " if kind == "error" else ""
+    colour = {"error": "#b00020", "busy": "#555", "done": "#1b5e20", "warning": "#a15c00"}[kind]
+    prefix = f"{kind}: " if kind in ("error", "warning") else ""
     return f'<span style="color:{colour}">{html.escape(prefix + text)}</span>'
 
 
@@ -65,7 +65,8 @@ def parse_values(text: str, kind: type, knob: str) -> list:
 
 def sweep_widget(base: TrainConfig, knobs: dict, seeds=(0,), out_root="runs/sweep"):
     """A small form: policy and knob dropdowns, values text box, epochs, Run button; below it a progress
-    bar (run i of n), a status line, the summary table and the sweep's plots (time to accuracy per value,
+    bar (run i of n), a status line, a line per value whose groups mix poorly (shown before the runs:
+    `sweep.mixing_warnings`), the summary table and the sweep's plots (time to accuracy per value,
     accuracy against the knob), redrawn on every run. `knobs` maps a setting (`config.SETTINGS`) to
     default values, e.g. {"static_ratio": [0, 0.01, 0.04], "passes": [1, 2, 3]}.
     The returned box keeps the last sweep as `box.result` = (logs, summary, figure)."""
@@ -77,7 +78,7 @@ def sweep_widget(base: TrainConfig, knobs: dict, seeds=(0,), out_root="runs/swee
     epochs = w.IntSlider(value=base.epochs, min=1, max=30, description="epochs")
     run = w.Button(description="Run sweep", button_style="primary")
     progress = w.IntProgress(value=0, min=0, max=1, description="runs")
-    status = w.HTML()
+    status, warnings = w.HTML(), w.HTML()
     out = w.Output()
 
     def on_knob(change):
@@ -96,6 +97,8 @@ def sweep_widget(base: TrainConfig, knobs: dict, seeds=(0,), out_root="runs/swee
                 shown = ", ".join(f"{k}={v}" for k, v in settings.items())
                 status.value = _status("busy", f"run {i + 1} of {n}: {shown}")
             cfg = base.replace(policy=policy.value, epochs=epochs.value, progress=False)
+            # before any run: the values whose groups mix poorly (`oocgnn.mixing`), one line each
+            warnings.value = "<br>".join(_status("warning", line) for line in mixing_warnings(cfg, {knob.value: vals}))
             logs, summary = sweep(cfg, knob.value, vals, seeds, out_root=out_root, on_run=started)
             progress.value = n
             status.value = _status("done", f"run {n} of {n} finished ({time.perf_counter() - t0:.0f} s)")
@@ -112,10 +115,11 @@ def sweep_widget(base: TrainConfig, knobs: dict, seeds=(0,), out_root="runs/swee
 
     knob.observe(on_knob, names="value")
     run.on_click(on_run)
-    box = w.VBox([w.HBox([policy, knob, values]), w.HBox([epochs, run]), w.HBox([progress, status]), out])
+    box = w.VBox([w.HBox([policy, knob, values]), w.HBox([epochs, run]), w.HBox([progress, status]), warnings,
+                  out])
     box.result = None
     box.controls = {"policy": policy, "knob": knob, "values": values, "epochs": epochs, "run": run,
-                    "progress": progress, "status": status, "output": out}
+                    "progress": progress, "status": status, "warnings": warnings, "output": out}
     display(box)
     return box
 

@@ -28,6 +28,9 @@ def test_prepare_info_train_report(tmp_path):
     r = oocgnn("report", run, "--out", out)
     assert r.returncode == 0, r.stderr
     assert out.with_suffix(".csv").is_file() and out.with_suffix(".png").stat().st_size > 1000
+    import pandas as pd
+    csv = pd.read_csv(out.with_suffix(".csv"))           # inmemory: one group, the training set itself
+    assert (csv["mixing_tv_mean"] == 0).all() and "label TV 0.000" in r.stdout
 
 
 @pytest.mark.parametrize("args, msg", [

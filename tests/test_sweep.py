@@ -124,3 +124,19 @@ def test_figure_explorer_redraws_and_reports_errors():
     assert "error: n must be at most 5, got 7" in c["status"].value
     c["n"].value = 2
     assert c["status"].value == "" and len(c["output"].outputs) == 1
+
+
+def test_widget_warns_before_a_sweep_of_values_that_mix_poorly(fennel16, tmp_path):
+    """Mega-batches of 2 of 16 parts warn (one line, before the runs); the table carries the mixing."""
+    import matplotlib
+    matplotlib.use("Agg")
+    from oocgnn.widgets import sweep_widget
+    base = TrainConfig(store=str(fennel16.path), policy="hierbatching", epochs=1, max_steps=2, batch_size=64,
+                       max_eval_nodes=50, progress=False)
+    box = sweep_widget(base, {"parts_per_megabatch": [2, 16]}, out_root=tmp_path)
+    box.controls["run"].click()
+    warned = box.controls["warnings"].value
+    assert warned.count("warning: ") == 1 and "parts_per_megabatch=2:" in warned and "=16" not in warned
+    summary = box.result[1]
+    assert summary["mixing_warns"].tolist() == [True, False]
+    assert summary["mixing_parts_mean"].tolist() == [2, 16] and summary["mixing_tv_mean"].iloc[1] == 0

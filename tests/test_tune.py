@@ -31,6 +31,20 @@ def test_candidates_fit_the_budget_or_say_why(fennel16):
     assert hb.knobs.map(lambda k: json.loads(k)["parts_per_megabatch"]).nunique() <= 3
 
 
+def test_candidates_never_propose_a_plan_that_warns(fennel16):
+    """Mega-batches of few parts fit the budget but mix poorly: the tuner drops them with the reason."""
+    from oocgnn.mixing import mixing
+    cfg = _cfg(fennel16, memory_budget="2MB")
+    df = candidates(fennel16, cfg, policies=["hierbatching", "composed", "outre", "marius"])
+    for _, r in df[df.fits].iterrows():
+        assert mixing(make_plan(fennel16, cfg.replace(policy=r.policy, **json.loads(r.knobs))))["warning"] == "", r.config
+    poor = df[df.reason.str.startswith("mixes poorly")]
+    assert len(poor), df[["config", "fits", "reason"]]
+    for _, r in poor.iterrows():                   # each would warn, and would fit the budget
+        plan = make_plan(fennel16, cfg.replace(policy=r.policy, **json.loads(r.knobs)))
+        assert mixing(plan)["warning"] and plan.resident_bytes() <= plan.budget
+
+
 def test_candidates_only_the_policies_asked(fennel16):
     df = candidates(fennel16, _cfg(fennel16, memory_budget="2MB"), policies=["mmap", "outre"])
     assert set(df.policy) == {"mmap", "outre"}

@@ -1,0 +1,138 @@
+"""Mixing against accuracy: where HierBatching's accuracy starts to fall as its mega-batches mix worse.
+
+For each dataset and split (the graph's own, and a random 10/10/80 one via `GraphData.resplit`), a
+METIS store is written per number of parts; `inmemory` is trained as the reference, then
+`hierbatching` at a budget of --budget-frac of the feature file for every PARTS:N_D of --configs that
+fits it (N_D = 0: the default, what the budget allows), and `outre` with its defaults on the --outre
+parts store if asked. Each row gives the plan's mixing
+(`oocgnn.mixing`: parts per mega-batch, mean and worst label TV distance; no I/O), test accuracy at
+the best validation step (mean ± std over --seeds) and its difference from inmemory's, and whether
+the run warned. The thresholds of `oocgnn.mixing` (MIN_PARTS, MAX_TV) were read off this table.
+
+    .venv/bin/python benchmarks/mixing.py --datasets cora,citeseer,amazon_photo,coauthor_cs \\
+        --configs 16:2,64:8,128:16,256:32 --seeds 0,1,2 --epochs 50
+    .venv/bin/python benchmarks/mixing.py --preset tiny --configs 16:2,16:4 --seeds 0 --epochs 2   # smoke
+"""
+import argparse
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+DATASETS = REPO.parent / "shared" / "datasets"
+
+
+def source(name, preset):
+    from oocgnn.datasets import load_source
+    from oocgnn.synthetic import generate
+    if name == "synthetic":
+        return generate(preset)
+    path = Path(name) if name.endswith(".npz") else DATASETS / f"{name}.npz"
+    return load_source(path)
+
+
+def store_for(data, parts, root, label):
+    """A METIS store of `data` (FENNEL when DGL is absent) with `parts` parts, written once."""
+    from oocgnn.partition import order_from_assignment, partition
+    from oocgnn.store import open_store, write_store
+    path = Path(root) / f"{label}-k{parts}"
+    if (path / "meta.json").exists():
+        return open_store(path, verify=False)
+    try:
+        import dgl  # noqa: F401
+        method = "metis"
+    except ImportError:
+        method = "fennel"
+    assignment, _ = partition(data, method, parts, seed=0, cache_dir=False)
+    order, offsets = order_from_assignment(assignment, parts)
+    return write_store(data, path, order=order, part_offsets=offsets, partitioner=method, progress=False)
+
+
+def run(store, base, seeds, root, **settings):
+    """(mixing dict or None, accuracies, error) of `settings` over `seeds`."""
+    from oocgnn.errors import UserError
+    from oocgnn.mixing import mixing
+    from oocgnn.policies import make_plan
+    from oocgnn.train import train
+    cfg = base.replace(store=str(store.path), **settings)
+    try:
+        plan = make_plan(store, cfg)
+    except UserError as e:
+        return None, [], str(e).split(";")[0][:80]
+    mix = mixing(plan)
+    accs = []
+    for s in seeds:
+        out = Path(root) / "runs" / f"{Path(store.path).name}-{cfg.policy}-{settings.get('parts_per_megabatch', 0)}-s{s}"
+        accs.append(train(cfg.replace(seed=s, out=str(out), force=True))["test_at_best_val"])
+    return mix, accs, ""
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    ap.add_argument("--datasets", default="cora,citeseer,amazon_photo,coauthor_cs",
+                    help="names in ../shared/datasets or .npz paths, or 'synthetic' (default the four small graphs)")
+    ap.add_argument("--preset", default="", help="synthetic preset: replaces --datasets by 'synthetic' (default none)")
+    ap.add_argument("--splits", default="given,random", help="given (the graph's own) and/or random (10/10/80, "
+                                                               "seed 0) (default given,random)")
+    ap.add_argument("--configs", default="16:2,64:8,128:16,256:32",
+                    help="PARTS:N_D pairs; N_D 0 is the default (default 16:2,64:8,128:16,256:32)")
+    ap.add_argument("--outre", type=int, default=0, help="also train outre (its defaults) on a store of this many "
+                                                           "parts (default 0: not)")
+    ap.add_argument("--budget-frac", type=float, default=1 / 3, help="budget as a fraction of the feature file "
+                                                                       "(default 1/3)")
+    ap.add_argument("--seeds", default="0,1,2", help="training seeds (default 0,1,2)")
+    ap.add_argument("--epochs", type=int, default=50, help="epochs per run (default 50)")
+    ap.add_argument("--fanouts", default="10,10", help="fanouts (default 10,10)")
+    ap.add_argument("--hidden", type=int, default=128, help="hidden width (default 128)")
+    ap.add_argument("--batch-size", type=int, default=256, help="training nodes per batch (default 256)")
+    ap.add_argument("--lr", type=float, default=0.01, help="Adam learning rate (default 0.01)")
+    ap.add_argument("--eval-nodes", type=int, default=2000, help="val/test nodes evaluated per epoch (default 2000)")
+    ap.add_argument("--data", default=str(REPO / "data" / "mixing"), help="stores and runs go here (default data/mixing)")
+    args = ap.parse_args(argv)
+    import numpy as np
+    import pandas as pd
+    from benchmarks.sampler import loadavg
+    from oocgnn.config import TrainConfig
+    seeds = [int(s) for s in args.seeds.split(",") if s]
+    configs = [tuple(int(x) for x in c.split(":")) for c in args.configs.split(",") if c]
+    names = ["synthetic"] if args.preset else [d for d in args.datasets.split(",") if d]
+    rows, t0 = [], time.perf_counter()
+    for name in names:
+        data0 = source(name, args.preset or "tiny")
+        for split in [s for s in args.splits.split(",") if s]:
+            data = data0 if split == "given" else data0.resplit(0.1, 0.1, seed=0)
+            label = f"{Path(name).stem}-{split}"
+            first = store_for(data, configs[0][0], args.data, label)
+            budget = int(args.budget_frac * first.num_nodes * first.row_stride)
+            base = TrainConfig(store=str(first.path), epochs=args.epochs, fanouts=args.fanouts, hidden=args.hidden,
+                               batch_size=args.batch_size, lr=args.lr, max_eval_nodes=args.eval_nodes, progress=False,
+                               memory_budget=f"{budget}B")
+            _, ref, _ = run(first, base, seeds, args.data, policy="inmemory")
+            rows.append({"dataset": label, "policy": "inmemory", "parts": first.num_parts, "n_d": "",
+                         "acc": np.mean(ref), "std": np.std(ref), "delta": 0.0})
+            print(rows[-1], flush=True)
+            runs = [("hierbatching", parts, n_d) for parts, n_d in configs]
+            for policy, parts, n_d in runs + ([("outre", args.outre, 0)] if args.outre else []):
+                store = store_for(data, parts, args.data, label)
+                mix, accs, err = run(store, base, seeds, args.data, policy=policy,
+                                     **({"parts_per_megabatch": n_d} if n_d else {}))
+                row = {"dataset": label, "policy": policy, "parts": parts,
+                       "n_d": n_d or ("auto" if policy == "hierbatching" else "")}
+                if mix:
+                    row.update(groups=mix["groups"], parts_mean=mix["parts_mean"], tv_mean=mix["tv_mean"],
+                               tv_max=mix["tv_max"], acc=np.mean(accs), std=np.std(accs),
+                               delta=np.mean(accs) - np.mean(ref), warns=bool(mix["warning"]))
+                else:
+                    row.update(error=err)
+                rows.append(row)
+                print(row, flush=True)
+    df = pd.DataFrame(rows)
+    with pd.option_context("display.width", 200, "display.max_columns", 20):
+        print(df.to_string(index=False, float_format="%.3f"))
+    print(f"{time.perf_counter() - t0:.0f} s, load average {loadavg()}")
+
+
+if __name__ == "__main__":
+    main()

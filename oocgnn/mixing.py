@@ -1,0 +1,127 @@
+"""Mixing: how far each group of a schedule is from the whole training set, from the plan alone.
+
+A schedule that trains on groups of parts (HierBatching's mega-batches, OUTRE's macro batches,
+MariusGNN's buffer states, the composed policy's mega-batches) takes every step of a group from
+that group's training nodes. Parts of a locality partition (METIS, FENNEL) hold few classes, so a
+group of few parts pulls the model towards them for all its steps: HierBatching (App. C.3,
+Table 5) runs mega-batches of N_d = 256-1024 parts for this reason. Per group this module counts
+the parts its training nodes come from and the total-variation distance
+TV = ½ Σ_c |p_group(c) − p_train(c)| between its training-label histogram and the whole training
+set's; over an epoch, the mean (weighted by training nodes, i.e. by steps) and the worst. Nothing
+but labels and the step stream's groups is read (no features, no lists).
+
+`check(stats)` is the warning a run prints before it starts when groups are small or far from the
+training set; its thresholds were calibrated on ../shared/datasets (see `MIN_PARTS`, `MAX_TV`).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+# Calibrated with benchmarks/mixing.py (HierBatching at a third of the feature file, METIS parts, 30 epochs,
+# one seed; test accuracy at best val minus inmemory's). amazon_photo, random 10/10/80: 2 parts a group (TV
+# 0.47) -41 pt, 8 parts (TV 0.26) -32 pt, 18 parts (TV 0.20) -3.4, 29 parts (TV 0.17) -3.4; given split:
+# 2 parts -20, 7.5 parts (TV 0.28) -41, 12 parts (TV 0.29) -5. cora and citeseer lose little at any mixing
+# on the random split (+-1 to 5 pt, noise-level) and ~5 pt at every in-budget setting on cora's given one.
+MIN_PARTS = 16         # groups whose training nodes come from fewer parts than this (mean) warn
+MAX_TV = 0.22          # a mean total-variation distance above this warns
+TARGET_PARTS = 128     # `default_parts`: parts a HierBatching mega-batch holds at the default budget
+MIN_PART_NODES = 20    # `default_parts`: no smaller parts (HierBatching's digest: ~100-2000 nodes)
+MAX_PART_NODES = 2000
+
+
+def part_of(schedule, ids) -> np.ndarray:
+    """The schedule's part of each store id: its store part, or its part of a regroup assignment."""
+    ids = np.asarray(ids, dtype=np.int64)
+    if getattr(schedule, "scattered", False):
+        part = np.empty(schedule.store.num_nodes, np.int64)
+        part[schedule._order] = np.repeat(np.arange(schedule.num_parts), np.diff(schedule.offsets))
+        return part[ids]
+    offsets = np.asarray(schedule.store.part_offsets, dtype=np.int64)
+    return np.searchsorted(offsets, ids, side="right") - 1
+
+
+def groups(schedule, epoch=0) -> list:
+    """The training ids of each group of the epoch, in order; a schedule without groups (random batches)
+    draws every batch from the whole training set: one group."""
+    if not hasattr(schedule, "groups"):
+        return [np.asarray(schedule.store.train_idx, dtype=np.int64)]
+    return [np.asarray(train, dtype=np.int64) for _, train in schedule.groups(epoch)]
+
+
+def tv_distance(labels, reference) -> float:
+    """½ Σ |p − q| of two label histograms (counts, any scale)."""
+    p, q = np.asarray(labels, float), np.asarray(reference, float)
+    return 0.5 * float(np.abs(p / p.sum() - q / q.sum()).sum())
+
+
+def group_stats(plan_or_schedule, epochs=1):
+    """A DataFrame, one row per group of the first `epochs` epochs: epoch, group, training nodes, parts
+    (that its training nodes come from) and tv (distance of its label histogram from the training set's)."""
+    import pandas as pd
+    schedule = getattr(plan_or_schedule, "schedule", plan_or_schedule)
+    store = schedule.store
+    labels = np.asarray(store.labels, dtype=np.int64)
+    c = int(store.num_classes)
+    whole = np.bincount(labels[np.asarray(store.train_idx, dtype=np.int64)], minlength=c)
+    rows = []
+    for e in range(int(epochs)):
+        for g, train in enumerate(groups(schedule, e)):
+            hist = np.bincount(labels[train], minlength=c)
+            rows.append({"epoch": e, "group": g, "train_nodes": len(train),
+                         "parts": int(len(np.unique(part_of(schedule, train)))),
+                         "tv": tv_distance(hist, whole)})
+    return pd.DataFrame(rows, columns=["epoch", "group", "train_nodes", "parts", "tv"])
+
+
+def mixing(plan_or_schedule, epochs=1) -> dict:
+    """The summary of `group_stats`: groups per epoch, parts per group (mean weighted by training nodes,
+    and the fewest), TV (mean weighted by training nodes, i.e. by the steps taken in each group, and the
+    worst), and `warning`: `check`'s line or ""."""
+    df = group_stats(plan_or_schedule, epochs)
+    w = df["train_nodes"].to_numpy(float)
+    out = {"groups": round(len(df) / max(1, int(epochs)), 2),
+           "parts_mean": round(float(np.average(df["parts"], weights=w)), 2),
+           "parts_min": int(df["parts"].min()),
+           "tv_mean": round(float(np.average(df["tv"], weights=w)), 4),
+           "tv_max": round(float(df["tv"].max()), 4)}
+    out["warning"] = check(out, plan_or_schedule)
+    return out
+
+
+def check(stats: dict, plan=None) -> str:
+    """One line saying what to change when groups mix poorly (mean parts < MIN_PARTS or mean TV > MAX_TV),
+    else "". A plan whose groups are the whole training set never warns."""
+    if stats["groups"] <= 1 or (stats["parts_mean"] >= MIN_PARTS and stats["tv_mean"] <= MAX_TV):
+        return ""
+    name = getattr(plan, "name", "")
+    k = "K"
+    if hasattr(plan, "n_d"):                  # the budget holds n_d of num_groupable parts: K for MIN_PARTS
+        k = f"{-(-MIN_PARTS * plan.num_groupable // plan.n_d)} or more"
+    fix = {"hierbatching": f"a larger --parts-per-megabatch, more parts (prepare --parts {k}) so that a "
+                           "mega-batch holds more of them, or fewer --passes over each",
+           "composed": f"a larger --parts-per-megabatch or more parts (prepare --parts {k})",
+           "outre": "a larger --parts-per-macro or more parts (prepare --parts K)",
+           "marius": "a larger --buffer-parts (c) or more, smaller partitions (prepare --parts K, --physical-parts)"}
+    return (f"groups mix poorly: {stats['parts_mean']:.1f} parts per group on average (warn below {MIN_PARTS}), "
+            f"label distance {stats['tv_mean']:.2f} from the training set on average (warn above {MAX_TV}), "
+            f"worst {stats['tv_max']:.2f}; accuracy may fall short of inmemory. Try "
+            f"{fix.get(name, 'larger groups or more parts (prepare --parts K)')}")
+
+
+def default_parts(num_nodes, num_edges, feat_dim, budget=None, static_ratio=0.01) -> int:
+    """`oocgnn prepare`'s K for a partitioned store: enough parts that a HierBatching mega-batch at
+    `budget` (default: the run's default `--memory-budget`) holds TARGET_PARTS of them, i.e. K = target /
+    r_d with r_d from HierBatching App. B's rule 2(r_s + r_d)(A + B) <= C (A, B the feature and
+    topology bytes); parts of at most MAX_PART_NODES and at least MIN_PART_NODES nodes."""
+    import math
+    from .io import feature_row_stride
+    if budget is None:
+        from .config import SETTINGS
+        from .units import parse_size
+        budget = parse_size(SETTINGS["memory_budget"][1].default)
+    a = int(num_nodes) * feature_row_stride(int(feat_dim) * 4)
+    b = (int(num_nodes) + 1) * 8 + int(num_edges) * 4
+    r_d = min(1.0, budget / (2 * (a + b)) - static_ratio)
+    want = math.ceil(TARGET_PARTS / r_d) if r_d > 0 else num_nodes
+    lo, hi = math.ceil(num_nodes / MAX_PART_NODES), max(1, num_nodes // MIN_PART_NODES)
+    return int(max(1, min(max(want, lo), hi)))

@@ -1,0 +1,129 @@
+"""The mixing statistic (`oocgnn.mixing`) against a brute-force count over the plans' step streams."""
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from oocgnn.config import TrainConfig
+from oocgnn.mixing import MAX_TV, MIN_PARTS, group_stats, mixing
+from oocgnn.policies import HierBatchingPlan, make_plan
+
+
+@pytest.fixture(scope="module")
+def by_label(tiny_data, tmp_path_factory):
+    """The tiny graph in an order that follows the labels (parts of few classes, like METIS's on a
+    homophilous graph), cut into 16 uneven parts."""
+    from oocgnn.store import write_store
+    n = tiny_data.num_nodes
+    noise = np.random.default_rng(3).random(n)
+    order = np.lexsort((noise, np.asarray(tiny_data.labels))).astype(np.int64)
+    cuts = np.sort(np.random.default_rng(4).choice(np.arange(1, n), 15, replace=False))
+    return write_store(tiny_data, tmp_path_factory.mktemp("stores") / "bylabel", order=order,
+                       part_offsets=np.concatenate([[0], cuts, [n]]), progress=False)
+
+
+def _cfg(store, tmp_path, **kw):
+    kw = {"epochs": 1, "batch_size": 64, "max_eval_nodes": 100, "progress": False, "out": str(tmp_path / "run"),
+          "memory_budget": "64MB", **kw}
+    return TrainConfig.create(store=str(store.path), **kw)
+
+
+def _brute_force(store, plan):
+    """Per group of epoch 0's steps: (training nodes, parts, TV), by Python loops over the steps' seeds."""
+    seeds = {}
+    for e, _, step in plan.steps(1):
+        seeds.setdefault(step.group, set()).update(int(s) for s in step.seeds)
+    off, labels = [int(o) for o in store.part_offsets], [int(x) for x in store.labels]
+    whole = Counter(labels[i] for i in store.train_idx)
+    total = sum(whole.values())
+    out = []
+    for g in sorted(seeds):
+        nodes = seeds[g]
+        parts = {next(k for k in range(len(off) - 1) if off[k] <= i < off[k + 1]) for i in nodes}
+        mine = Counter(labels[i] for i in nodes)
+        tv = 0.5 * sum(abs(mine[c] / len(nodes) - whole[c] / total) for c in set(whole) | set(mine))
+        out.append((len(nodes), len(parts), tv))
+    return out
+
+
+@pytest.mark.parametrize("policy,kw", [
+    ("hierbatching", {"parts_per_megabatch": 3}), ("hierbatching", {"parts_per_megabatch": 5, "passes": 1.5}),
+    ("outre", {"parts_per_macro": 4, "history_ratio": 0.0}), ("composed", {"parts_per_megabatch": 4}),
+    ("marius", {"physical_parts": 8, "buffer_parts": 4}), ("inmemory", {})])
+def test_group_stats_match_a_brute_force_count_of_the_step_stream(by_label, tmp_path, policy, kw):
+    plan = make_plan(by_label, _cfg(by_label, tmp_path, policy=policy, **kw))
+    got = group_stats(plan)
+    want = _brute_force(by_label, plan)
+    assert len(got) == len(want)
+    assert got["train_nodes"].tolist() == [w[0] for w in want]
+    assert got["parts"].tolist() == [w[1] for w in want]
+    assert np.allclose(got["tv"], [w[2] for w in want])
+    m = mixing(plan)
+    w = np.array([x[0] for x in want], float)
+    assert m["tv_mean"] == pytest.approx(np.average([x[2] for x in want], weights=w), abs=1e-4)
+    assert m["tv_max"] == pytest.approx(max(x[2] for x in want), abs=1e-4)
+    assert m["parts_min"] == min(x[1] for x in want)
+    if policy == "inmemory":               # one group: the training set itself
+        assert len(want) == 1 and m["tv_mean"] == 0 and m["warning"] == ""
+
+
+def test_groups_of_more_parts_mix_better(by_label, tmp_path):
+    """On a store ordered by label, larger mega-batches are closer to the training set, and the warning
+    follows the thresholds."""
+    small, large = (mixing(make_plan(by_label, _cfg(by_label, tmp_path, policy="hierbatching",
+                                                    parts_per_megabatch=k))) for k in (2, 16))
+    assert small["tv_mean"] > large["tv_mean"]
+    assert small["parts_mean"] < MIN_PARTS and "--parts-per-megabatch" in small["warning"]
+    assert large["groups"] == 1 and large["warning"] == ""
+    assert (large["tv_mean"] > MAX_TV) is False
+
+
+def _train_cli(store, tmp_path, capsys, *flags):
+    from oocgnn.cli import main
+    assert main(["train", str(store.path), "--policy", "hierbatching", "--epochs", "1", "--max-steps", "2",
+                 "--batch-size", "64", "--max-eval-nodes", "50", "--no-progress", "--out", str(tmp_path / "run"),
+                 "--force", *flags]) == 0
+    return capsys.readouterr()
+
+
+def test_the_warning_fires_on_16_parts_in_pairs_and_not_with_the_defaults(fennel16, tmp_path, capsys):
+    import json
+    bad = _train_cli(fennel16, tmp_path, capsys, "--parts-per-megabatch", "2")
+    lines = [line for line in bad.err.splitlines() if "mix poorly" in line]
+    assert len(lines) == 1 and lines[0].startswith("oocgnn: warning: hierbatching") and "--parts-per-megabatch" in lines[0]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["mixing"]["parts_mean"] == 2 and summary["mixing"]["warning"]
+    assert "mixing: 8 groups an epoch of 2.0 parts" in bad.out
+    good = _train_cli(fennel16, tmp_path, capsys)
+    assert "mix poorly" not in good.err
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["parts_per_megabatch"] == 16 and summary["mixing"]["groups"] == 1
+
+
+def test_the_default_mega_batch_is_the_most_the_budget_holds(fennel16, tmp_path):
+    """N_d = 0 (the default): the largest N_d whose plan fits, evened out over as few mega-batches."""
+    for budget in ("1MB", "2MB", "3MB"):
+        plan = make_plan(fennel16, _cfg(fennel16, tmp_path, policy="hierbatching", memory_budget=budget))
+        fits = [k for k in range(1, 17) if HierBatchingPlan(fennel16, _cfg(     # unchecked: it may not fit
+            fennel16, tmp_path, policy="hierbatching", memory_budget=budget, parts_per_megabatch=k,
+            topology=plan.topology)).resident_bytes() <= plan.budget]
+        most = max(fits)
+        assert plan.n_d == -(-16 // -(-16 // most)) and plan.n_d in fits, (budget, fits, plan.n_d)
+        assert plan.schedule.parts_per_megabatch == plan.n_d
+
+
+def test_prepare_chooses_parts_that_a_mega_batch_holds_many_of():
+    from oocgnn.mixing import MAX_PART_NODES, MIN_PART_NODES, TARGET_PARTS, default_parts
+    assert default_parts(2708, 10556, 1433) == TARGET_PARTS                 # cora: all of it fits 256MB
+    assert default_parts(1000, 4000, 16) == 1000 // MIN_PART_NODES          # parts no smaller than that
+    n, e, d, budget = 10_000_000, 200_000_000, 128, 256 * 10**6
+    k = default_parts(n, e, d, budget)
+    a, b = n * 512, (n + 1) * 8 + e * 4                                     # 128 floats: a 512-byte stride
+    r_d = budget / (2 * (a + b)) - HierBatchingPlan.Options().static_ratio
+    assert k >= n / MAX_PART_NODES and round(r_d * k) >= TARGET_PARTS
+
+
+def test_simulate_carries_the_plans_mixing(by_label, tmp_path):
+    from oocgnn.simulate import simulate
+    plan = make_plan(by_label, _cfg(by_label, tmp_path, policy="hierbatching", parts_per_megabatch=3))
+    assert simulate(by_label, plan, steps=2, progress=False).attrs["mixing"] == mixing(plan)
