@@ -368,5 +368,11 @@ def train_fresh(cfg: TrainConfig) -> dict:
     """`train(cfg)` in a fresh interpreter: its peak RSS (and an mmap run's cgroup) then belong to this
     run alone, not to what the calling process did before (notebooks, sweeps)."""
     import multiprocessing
-    with multiprocessing.get_context("spawn").Pool(1) as pool:
-        return pool.apply(train, (cfg,))
+    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures.process import BrokenProcessPool
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        try:
+            return pool.submit(train, cfg).result()
+        except BrokenProcessPool:                  # a Pool would wait for ever on the lost task
+            raise UserError(f"the process training {cfg.policy} died (killed: by its memory cgroup's OOM killer "
+                            f"if the run was capped, see `dmesg`)") from None

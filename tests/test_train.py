@@ -144,3 +144,12 @@ def test_layerwise_evaluation_equals_one_batch_evaluation_in_a_run(fennel16, tmp
         assert list(a["log"][col]) == list(b["log"][col]), col
     np.testing.assert_allclose(a["log"]["train_loss"], b["log"]["train_loss"], rtol=1e-6)
     assert a["eval_memory"]["input_rows"] > 0
+
+
+def test_train_fresh_runs_in_a_new_process_and_trains_the_same(tiny_store, tmp_path):
+    from oocgnn.train import train_fresh
+    kw = {"epochs": 1, "progress": False, "batch_size": 256, "max_eval_nodes": 200, "store": str(tiny_store.path)}
+    here = train(TrainConfig.create(out=str(tmp_path / "here"), **kw))
+    fresh = train_fresh(TrainConfig.create(out=str(tmp_path / "fresh"), **kw))
+    assert fresh["log"]["train_loss"].iloc[1:].tolist() == pytest.approx(here["log"]["train_loss"].iloc[1:].tolist())
+    assert fresh["log"]["val_acc"].tolist() == here["log"]["val_acc"].tolist()
