@@ -74,7 +74,9 @@ class LayerwiseEval:
         self.sampler, self.fanouts = sampler, [int(f) for f in fanouts]
         self.nodes = np.unique(np.asarray(nodes, dtype=np.int64))
         self.feat_dim, self.rows, self.budget = int(feat_dim), rows, int(budget)
-        self.dst_chunk, self.read_chunk = int(dst_chunk), int(read_chunk)
+        # the read buffer is part of the budget too: a quarter of it at most (64 MiB of reads under a 40 MB
+        # budget took an mmap run past its memory cgroup's cap)
+        self.dst_chunk, self.read_chunk = int(dst_chunk), int(min(read_chunk, max(1 << 16, self.budget // 4)))
         self.layers = None          # per layer: (sorted dst ids, [(lo, block, src positions)])
         self.spilled = []           # names of tables that went to a temporary file (last evaluation)
 

@@ -58,6 +58,9 @@ def test_full_neighbourhoods_equal_at_any_batch_size_and_when_spilled(setting):
                        budget=0, dst_chunk=128, read_chunk=4096)
     torch.testing.assert_close(ev.logits(model), want, rtol=1e-4, atol=1e-4)
     assert ev.spilled == ["input_rows", "layer1", "layer2"]
+    small = LayerwiseEval(sampler, [-1, -1], nodes, store.feat_dim, lambda ids: feats[torch.from_numpy(ids)],
+                          budget=1 << 20)
+    assert small.read_chunk == (1 << 20) // 4, "the read buffer is a share of the budget, not a fixed 64 MiB"
     labels = torch.from_numpy(store.compact_labels())
     accs = ev.accuracy(model, labels, {"val": store.val_idx, "test": store.test_idx})
     gather = lambda ids: feats[torch.from_numpy(ids)]   # noqa: E731
