@@ -205,8 +205,7 @@ def _fit(units, seconds, runs):
     """(per step, per unit) seconds from per-step points of runs at different batch sizes: the line through
     each run's median units and median seconds (medians: a step the machine's load slowed does not move
     them); neither cost negative."""
-    p = pd.DataFrame({"x": np.asarray(units, float), "y": np.asarray(seconds, float), "run": np.asarray(runs)})
-    m = p.groupby("run")[["x", "y"]].median()
+    m = _run_medians(units, seconds, runs)
     if len(m) < 2 or np.ptp(m["x"]) == 0:
         return 0.0, float(m["y"].sum() / max(m["x"].sum(), 1e-12))
     slope, intercept = np.polyfit(m["x"], m["y"], 1)
@@ -217,13 +216,26 @@ def _fit(units, seconds, runs):
     return float(intercept), float(slope)
 
 
+def _run_medians(units, seconds, runs) -> pd.DataFrame:
+    """Each run's median units (x) and seconds (y) per step."""
+    p = pd.DataFrame({"x": np.asarray(units, float), "y": np.asarray(seconds, float), "run": np.asarray(runs)})
+    return p.groupby("run")[["x", "y"]].median()
+
+
+def _points(run, df, measured) -> pd.DataFrame:
+    """A calibration run's steps past the warm-up: simulated units beside measured stage seconds."""
+    from .train import WARMUP_STEPS
+    return pd.DataFrame({"run": run, "expanded": _expanded(df), "rows": df["input_nodes"].to_numpy(float),
+                         **{k: measured[f"{k}_s"].to_numpy() for k in ("sample", "gather", "compute")}}
+                        ).iloc[WARMUP_STEPS:]
+
+
 def _fit_unit(units: dict, seconds, runs):
     """`_fit` against whichever unit explains the runs' medians best: (per step, per unit, the unit's name)."""
     best = None
     for name, x in units.items():
         c0, c1 = _fit(x, seconds, runs)
-        m = pd.DataFrame({"x": np.asarray(x, float), "y": np.asarray(seconds, float), "run": np.asarray(runs)}) \
-            .groupby("run")[["x", "y"]].median()
+        m = _run_medians(x, seconds, runs)
         err = float(((c0 + c1 * m["x"] - m["y"]) ** 2).sum())
         if best is None or err < best[0]:
             best = (err, c0, c1, name)
@@ -258,9 +270,7 @@ def calibrate(store, cfg, steps=24, cache=None, refresh=False) -> StepCosts:
             df = simulate(store, make_plan(store, run_cfg), epochs=run_cfg.epochs, progress=False,
                           steps=summary["steps"])
             measured = pd.read_csv(Path(summary["run_dir"]) / "steps.csv")
-            points.append(pd.DataFrame({"run": b, "expanded": _expanded(df), "rows": df["input_nodes"].to_numpy(float),
-                                        **{k: measured[f"{k}_s"].to_numpy() for k in ("sample", "gather", "compute")}}
-                                       ).iloc[WARMUP_STEPS:])
+            points.append(_points(b, df, measured))
         load_row_s, subgraph_s, grouped = _calibrate_loads(store, run(cfg.batch_size, steps + WARMUP_STEPS), cache)
     p = pd.concat(points, ignore_index=True)
     (s0, s1), (g0, g1) = _fit(p["expanded"], p["sample"], p["run"]), _fit(p["rows"], p["gather"], p["run"])
@@ -281,7 +291,7 @@ def _calibrate_loads(store, run_cfg, cache) -> tuple:
     too few parts to group."""
     from .policies import make_plan
     from .simulate import simulate
-    from .train import WARMUP_STEPS, train
+    from .train import train
     if store.num_parts < 4:
         return 0.0, 0.0, pd.DataFrame()
     cfg = run_cfg.replace(policy="hierbatching", parts_per_megabatch=max(2, store.num_parts // 8), passes=1.0,
@@ -291,10 +301,8 @@ def _calibrate_loads(store, run_cfg, cache) -> tuple:
     st = summary["stage_s"]
     rows, nodes = df["load_feature_rows"].sum(), _induced_nodes(df).sum()   # hierbatching induces
     measured = pd.read_csv(Path(summary["run_dir"]) / "steps.csv")
-    points = pd.DataFrame({"run": "grouped", "expanded": _expanded(df), "rows": df["input_nodes"].to_numpy(float),
-                           **{k: measured[f"{k}_s"].to_numpy() for k in ("sample", "gather", "compute")}}
-                          ).iloc[WARMUP_STEPS:]
-    return st.get("bg_load_cpu", 0.0) / max(rows, 1), st.get("bg_subgraph_cpu", 0.0) / max(nodes, 1), points
+    return (st.get("bg_load_cpu", 0.0) / max(rows, 1), st.get("bg_subgraph_cpu", 0.0) / max(nodes, 1),
+            _points("grouped", df, measured))
 
 
 # ---- the policies ----------------------------------------------------------------------------------
