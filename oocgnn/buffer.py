@@ -55,7 +55,7 @@ class PartitionBuffer:
         """Read the partitions `placed` ({partition: slot}: those of `step.buffer` not held) into their slots
         and the buckets the buffer lacks; build its subgraph from them and the `held_edges` it keeps.
         Returns (seconds reading, placed, the state's buckets, io, subgraph)."""
-        t, io0 = time.perf_counter(), self.io()
+        t, c, io0 = time.perf_counter(), time.thread_time(), self.io()
         rows = self.runtime.cached.rows
         for k, slot in placed.items():
             pos = slot * self.slot_rows
@@ -64,10 +64,13 @@ class PartitionBuffer:
                 pos += b - a
         got = self.buckets.read(self.buckets.pairs(step.buffer, self.slot_of), self.bucket_reader)
         seconds, t = time.perf_counter() - t, time.perf_counter()
+        self.runtime._time("load_cpu", time.thread_time() - c)          # the processor's share (the cost model's)
+        c = time.thread_time()
         edges = {pair: held_edges[pair] for pair in held_edges if pair[0] in step.buffer and pair[1] in step.buffer}
         edges.update(got)
         subgraph = buffer_csc(self.buckets, step.buffer, edges)[1]
         self.runtime._time("subgraph", time.perf_counter() - t)
+        self.runtime._time("subgraph_cpu", time.thread_time() - c)
         return seconds, placed, edges, tuple(a - b for a, b in zip(self.io(), io0)), subgraph
 
     def _drop(self, parts):

@@ -27,6 +27,7 @@ import statistics
 import tempfile
 import time
 from dataclasses import asdict, dataclass
+from itertools import islice
 from pathlib import Path
 
 import numpy as np
@@ -35,7 +36,7 @@ import pandas as pd
 from .errors import UserError
 from .io import PAGE
 
-CACHE_VERSION = 5
+CACHE_VERSION = 6
 
 
 def cache_dir(path=None) -> Path:
@@ -161,16 +162,22 @@ class StepCosts:
     gather_step_s: float = 0.0
     compute_step_s: float = 0.0
     load_row_s: float = 0.0       # a residency change: copying a loaded row into place, beyond its read
-    subgraph_s: float = 0.0       # inducing a group's subgraph, per node it holds (HierBatching, Marius)
+    subgraph_s: float = 0.0       # inducing a group's subgraph, per node it holds (HierBatching)
     steps: int = 0
     key: str = ""
     compute_unit: str = "rows"
+    bucket_edge_s: float = 0.0    # a buffer state's subgraph from its edge buckets, per edge (MariusGNN)
 
-    def load_seconds(self, df, induces=False) -> np.ndarray:
-        """Per-batch CPU seconds of the residency changes made before it (their reads apart); `induces`:
-        the plan samples in a subgraph induced on each group's nodes."""
-        induced = _induced_nodes(df) if induces else 0.0
-        return self.load_row_s * df["load_feature_rows"].to_numpy(float) + self.subgraph_s * induced
+    def load_seconds(self, df, plan=None) -> np.ndarray:
+        """Per-batch CPU seconds of the residency changes made before it (their reads apart), and of the
+        subgraph a `plan` that samples inside each group builds for it: induced on the group's nodes
+        (per node), or from a partition buffer's edge buckets (per edge of the state, `_state_edges`)."""
+        load = self.load_row_s * df["load_feature_rows"].to_numpy(float)
+        if getattr(plan, "partition_buffer", False):
+            return load + self.bucket_edge_s * _state_edges(plan, df)
+        if getattr(plan, "induces", False):
+            return load + self.subgraph_s * _induced_nodes(df)
+        return load
 
     def batch_seconds(self, df) -> dict:
         """Per-batch CPU seconds of a `simulate` frame, by stage."""
@@ -180,11 +187,29 @@ class StepCosts:
                 "compute": self.compute_step_s + self.compute_s * (expanded if self.compute_unit == "expanded" else rows)}
 
 
+def _group_starts(df) -> np.ndarray:
+    """Per batch, whether it is its group's first (where a group's subgraph is built)."""
+    group, epoch = df["group"].to_numpy(), df["epoch"].to_numpy()
+    return np.r_[True, (group[1:] != group[:-1]) | (epoch[1:] != epoch[:-1])]
+
+
 def _induced_nodes(df) -> np.ndarray:
     """Per batch, the nodes of a subgraph induced before it: a group's visible nodes where a group loads."""
-    group = df["group"].to_numpy()
-    starts = np.r_[True, (group[1:] != group[:-1]) | (df["epoch"].to_numpy()[1:] != df["epoch"].to_numpy()[:-1])]
-    return np.where(starts, df["visible_nodes"].to_numpy(float), 0.0)
+    return np.where(_group_starts(df), df["visible_nodes"].to_numpy(float), 0.0)
+
+
+def _state_edges(plan, df) -> np.ndarray:
+    """Per batch, the edges of the buffer state whose subgraph is built before it (MariusGNN: every edge
+    bucket among the state's partitions, `buckets.buffer_csc`), at its group's first batch; else 0."""
+    b = plan.schedule.buckets
+    sizes = np.diff(b.offsets).reshape(b.p, b.p)
+    starts, out = _group_starts(df), np.zeros(len(df))
+    epochs = int(df["epoch"].max()) + 1 if len(df) else 0
+    for i, (_, _, step) in enumerate(islice(plan.schedule.steps(epochs), len(df))):
+        if starts[i]:
+            state = np.asarray(sorted(step.buffer), dtype=np.int64)
+            out[i] = sizes[np.ix_(state, state)].sum()
+    return out
 
 
 def _expanded(df) -> np.ndarray:
@@ -276,7 +301,7 @@ def calibrate(store, cfg, steps=24, cache=None, refresh=False) -> StepCosts:
     (s0, s1), (g0, g1) = _fit(p["expanded"], p["sample"], p["run"]), _fit(p["rows"], p["gather"], p["run"])
     q = pd.concat([p, grouped], ignore_index=True)
     c0, c1, unit = _fit_unit({"rows": q["rows"], "expanded": q["expanded"]}, q["compute"], q["run"])
-    costs = StepCosts(s1, g1, c1, s0, g0, c0, load_row_s, subgraph_s, len(p), key, unit)
+    costs = StepCosts(s1, g1, c1, s0, g0, c0, load_row_s, subgraph_s, len(p), key, unit, _calibrate_buckets(store))
     saved[key] = asdict(costs)
     _save(file, saved)
     return costs
@@ -303,6 +328,32 @@ def _calibrate_loads(store, run_cfg, cache) -> tuple:
     measured = pd.read_csv(Path(summary["run_dir"]) / "steps.csv")
     return (st.get("bg_load_cpu", 0.0) / max(rows, 1), st.get("bg_subgraph_cpu", 0.0) / max(nodes, 1),
             _points("grouped", df, measured))
+
+
+def _calibrate_buckets(store, repeats=3) -> float:
+    """Processor seconds per edge of `buckets.buffer_csc` (MariusGNN's buffer subgraph, built from the held
+    edge buckets rather than induced from adjacency lists): the median of `repeats` timed builds
+    (`time.thread_time`, after one that compiles) over 4 partitions of random edges at the store's density
+    (at most 2^20 nodes), no disk."""
+    from types import SimpleNamespace
+    from .buckets import buffer_csc
+    rng, p = np.random.default_rng(0), 4
+    n = int(min(store.num_nodes, 1 << 20))
+    e = max(p * p, int(store.num_edges * n / max(store.num_nodes, 1)))
+    bounds = np.linspace(0, n, p + 1).astype(np.int64)
+    dtype = np.dtype(store.meta.get("index_dtype", "int32"))
+    pairs = rng.integers(0, n, (e, 2))
+    part = np.searchsorted(bounds, pairs, side="right") - 1
+    key = part[:, 0] * p + part[:, 1]
+    held = {(i, j): pairs[key == i * p + j].astype(dtype) for i in range(p) for j in range(p)}
+    fake = SimpleNamespace(bounds=bounds, dtype=dtype)
+    buffer_csc(fake, range(p), held)
+    seconds = []
+    for _ in range(repeats):
+        c = time.thread_time()
+        buffer_csc(fake, range(p), held)
+        seconds.append(time.thread_time() - c)
+    return float(np.median(seconds)) / e
 
 
 # ---- the policies ----------------------------------------------------------------------------------
@@ -348,7 +399,7 @@ def predict(store, plan, rates: DiskRates, costs: StepCosts, steps=None, df=None
             rates.seconds(df["neighbour_pages_read"], df["neighbour_requests"])
     load = rates.seconds(df["load_pages"], df["load_feature_requests"] + df["load_adjacency_requests"])
     read, load = np.asarray(read, float), np.asarray(load, float)
-    load_cpu = costs.load_seconds(df, getattr(plan, "induces", False))
+    load_cpu = costs.load_seconds(df, plan)
     sample, gather, compute = (np.asarray(cpu[k], float) for k in ("sample", "gather", "compute"))
     if plan.lookahead:         # sampled ahead in a thread; a macrobatch's union is read (and placed) there too
         ahead = plan.fetch_reads_ahead

@@ -157,6 +157,32 @@ def test_background_cpu_takes_the_cores_of_a_cpu_model(fennel16):
     assert p["fg"] == pytest.approx(free["fg"] + want) and p["bg"] == pytest.approx(free["bg"] + want)
 
 
+def test_a_partition_buffer_pays_its_subgraph_per_edge_of_its_buckets(fennel16):
+    """MariusGNN builds a state's subgraph from the edge buckets among its partitions, not by inducing it
+    from adjacency lists: the charge is per edge with both ends in the state (counted here on the store's
+    own lists), at each state's first batch."""
+    plan = make_plan(fennel16, _cfg(fennel16, policy="marius", buffer_parts=4, physical_parts=8,
+                                    memory_budget="4MB", device="cpu"))
+    df = simulate(fennel16, plan, epochs=1, progress=False)
+    costs = StepCosts(0.0, 0.0, 0.0, load_row_s=1e-6, subgraph_s=1.0, bucket_edge_s=1e-7)
+    p = costmodel.predict(fennel16, plan, RATES, costs, df=df)
+    indptr, indices = np.asarray(fennel16.indptr), np.asarray(fennel16.indices)
+    bounds = plan.schedule.buckets.bounds
+    src = np.repeat(np.arange(fennel16.num_nodes), np.diff(indptr))
+    part_src, part_dst = (np.searchsorted(bounds, x, side="right") - 1 for x in (src, indices))
+    want = 1e-6 * df.load_feature_rows.sum()
+    starts = np.r_[True, df.group.to_numpy()[1:] != df.group.to_numpy()[:-1]]
+    for i, (_, _, step) in enumerate(plan.schedule.steps(1)):
+        if starts[i]:
+            state = list(step.buffer)
+            want += 1e-7 * int((np.isin(part_src, state) & np.isin(part_dst, state)).sum())
+    assert starts.sum() > 1 and p["load_cpu"] == pytest.approx(want)
+
+
+def test_bucket_calibration_is_a_small_positive_cost(fennel16):
+    assert 0 < costmodel._calibrate_buckets(fennel16) < 1e-5
+
+
 def test_compute_unit_is_the_one_that_explains_the_runs():
     """Two in-memory runs cannot tell expanded nodes from input rows apart (both scale with the batch);
     a grouped run, with far fewer rows per expanded node, can: the fit keeps the unit that explains all."""

@@ -177,6 +177,7 @@ def test_the_buffer_samples_as_the_whole_lists_inside_it(fennel16, tmp_path, ord
         assert np.array_equal(x.numpy(), memory.read_rows(got.input_nodes)), "rows from the buffer"
         assert runtime.cached.reader.stats.calls == 0, "every input row is in the buffer"
     runtime.close()
+    assert {"load_cpu", "subgraph_cpu"} <= set(runtime.timers), "the cost model's processor shares of the loads"
 
 
 def test_budget_picks_the_largest_buffer_and_errors_say_what_fits(fennel16, tmp_path):
