@@ -77,9 +77,10 @@ def main(argv=None):
     ap.add_argument("--splits", default="given,random", help="given (the graph's own) and/or random (10/10/80, "
                                                                "seed 0) (default given,random)")
     ap.add_argument("--configs", default="16:2,64:8,128:16,256:32",
-                    help="PARTS:N_D pairs; N_D 0 is the default (default 16:2,64:8,128:16,256:32)")
-    ap.add_argument("--outre", type=int, default=0, help="also train outre (its defaults) on a store of this many "
-                                                           "parts (default 0: not)")
+                    help="PARTS:N_D pairs; PARTS 0 is `prepare`'s default K, N_D 0 the default (what the budget "
+                         "holds) (default 16:2,64:8,128:16,256:32)")
+    ap.add_argument("--outre", type=int, default=-1, help="also train outre (its defaults) on a store of this many "
+                                                            "parts, 0: prepare's default K (default -1: not)")
     ap.add_argument("--budget-frac", type=float, default=1 / 3, help="budget as a fraction of the feature file "
                                                                        "(default 1/3)")
     ap.add_argument("--seeds", default="0,1,2", help="training seeds (default 0,1,2)")
@@ -95,6 +96,7 @@ def main(argv=None):
     import pandas as pd
     from benchmarks.sampler import loadavg
     from oocgnn.config import TrainConfig
+    from oocgnn.mixing import default_parts
     seeds = [int(s) for s in args.seeds.split(",") if s]
     configs = [tuple(int(x) for x in c.split(":")) for c in args.configs.split(",") if c]
     names = ["synthetic"] if args.preset else [d for d in args.datasets.split(",") if d]
@@ -104,7 +106,8 @@ def main(argv=None):
         for split in [s for s in args.splits.split(",") if s]:
             data = data0 if split == "given" else data0.resplit(0.1, 0.1, seed=0)
             label = f"{Path(name).stem}-{split}"
-            first = store_for(data, configs[0][0], args.data, label)
+            k_default = default_parts(data.num_nodes, data.num_edges, data.feat_dim)
+            first = store_for(data, configs[0][0] or k_default, args.data, label)
             budget = int(args.budget_frac * first.num_nodes * first.row_stride)
             base = TrainConfig(store=str(first.path), epochs=args.epochs, fanouts=args.fanouts, hidden=args.hidden,
                                batch_size=args.batch_size, lr=args.lr, max_eval_nodes=args.eval_nodes, progress=False,
@@ -113,8 +116,8 @@ def main(argv=None):
             rows.append({"dataset": label, "policy": "inmemory", "parts": first.num_parts, "n_d": "",
                          "acc": np.mean(ref), "std": np.std(ref), "delta": 0.0})
             print(rows[-1], flush=True)
-            runs = [("hierbatching", parts, n_d) for parts, n_d in configs]
-            for policy, parts, n_d in runs + ([("outre", args.outre, 0)] if args.outre else []):
+            runs = [("hierbatching", parts or k_default, n_d) for parts, n_d in configs]
+            for policy, parts, n_d in runs + ([("outre", args.outre or k_default, 0)] if args.outre >= 0 else []):
                 store = store_for(data, parts, args.data, label)
                 mix, accs, err = run(store, base, seeds, args.data, policy=policy,
                                      **({"parts_per_megabatch": n_d} if n_d else {}))
