@@ -16,6 +16,7 @@ of ranges loaded together (HierBatching's mega-batch, MariusGNN's buffer state) 
 ahead (Ginex's superbatch, BatchGNN's macrobatch) — and a phase's background work (the next group's
 load; the next chunk's sampling and, for a macrobatch, its union read) runs beside its foreground
 work, so an epoch takes `bg[0] + Σ max(fg[i], bg[i+1])`; a plan that does not pipeline adds them.
+On a CPU the background's processor time also delays the model's step, by its share of the step's cores.
 `mmap`'s reads are the page faults an LRU over 4 KiB pages of the budget's size would miss
 (`cache.PageLRUCache`), one at a time: the kernel's cache is not exactly LRU, so it is an estimate.
 """
@@ -334,15 +335,16 @@ def _calibrate_buckets(store, repeats=3) -> float:
     """Processor seconds per edge of `buckets.buffer_csc` (MariusGNN's buffer subgraph, built from the held
     edge buckets rather than induced from adjacency lists): the median of `repeats` timed builds
     (`time.thread_time`, after one that compiles) over 4 partitions of random edges at the store's density
-    (at most 2^20 nodes), no disk."""
+    on a quarter of its nodes (at most 2^20), each bucket's edges in source order as the bucket file holds them, no disk."""
     from types import SimpleNamespace
     from .buckets import buffer_csc
     rng, p = np.random.default_rng(0), 4
-    n = int(min(store.num_nodes, 1 << 20))
+    n = int(min(max(store.num_nodes // 4, p), 1 << 20))        # a buffer state: a quarter of the graph
     e = max(p * p, int(store.num_edges * n / max(store.num_nodes, 1)))
     bounds = np.linspace(0, n, p + 1).astype(np.int64)
     dtype = np.dtype(store.meta.get("index_dtype", "int32"))
     pairs = rng.integers(0, n, (e, 2))
+    pairs = pairs[np.argsort(pairs[:, 0], kind="stable")]       # a bucket's edges come in list (src) order
     part = np.searchsorted(bounds, pairs, side="right") - 1
     key = part[:, 0] * p + part[:, 1]
     held = {(i, j): pairs[key == i * p + j].astype(dtype) for i in range(p) for j in range(p)}
@@ -369,6 +371,14 @@ def phases(plan, df) -> np.ndarray:
 def _model_on_gpu(cfg) -> bool:
     import torch
     return cfg.device != "cpu" and torch.cuda.is_available()
+
+
+def _model_cores(cfg) -> int:
+    """Cores a CPU model's step keeps busy: its threads, at most the machine's. A background thread's
+    `b` processor seconds take `b` core-seconds from that step, so delay it by `b / cores` (measured on
+    2 cores: HierBatching's and MariusGNN's steps slowed by half their loader's CPU, not all of it)."""
+    import torch
+    return max(1, min(int(cfg.threads or torch.get_num_threads()), os.cpu_count() or 1))
 
 
 def mmap_faults(store, plan, steps=None) -> np.ndarray:
@@ -412,8 +422,8 @@ def predict(store, plan, rates: DiskRates, costs: StepCosts, steps=None, df=None
         bg_io, bg_cpu = 0.0, 0.0
         fg = sample + gather + compute + read + load + load_cpu
     bg = np.zeros(len(df)) + bg_io + bg_cpu
-    if not _model_on_gpu(plan.cfg):     # the model's step keeps every core busy: background work takes them
-        fg = fg + bg_cpu
+    if not _model_on_gpu(plan.cfg):     # the model's step keeps its cores busy: background work takes from them
+        fg = fg + bg_cpu / _model_cores(plan.cfg)
     ph = phases(plan, df)
     frame = pd.DataFrame({"phase": ph, "fg": fg, "bg": bg})
     per = frame.groupby("phase", sort=False)[["fg", "bg"]].sum()

@@ -143,8 +143,9 @@ def test_check_prediction():
 
 
 def test_background_cpu_takes_the_cores_of_a_cpu_model(fennel16):
-    """A pipelined group's copy and subgraph (on its visible nodes) run beside training, but on a CPU they take its cores: the
-    foreground pays them too (the disk time of the load stays hidden)."""
+    """A pipelined group's copy and subgraph (on its visible nodes) run beside training, but on a CPU they take
+    from its cores: the foreground pays them divided by the cores the step keeps busy (the disk time of the
+    load stays hidden)."""
     plan = make_plan(fennel16, _cfg(fennel16, policy="hierbatching", parts_per_megabatch=4, memory_budget="3MB",
                                     device="cpu"))
     df = simulate(fennel16, plan, epochs=1, progress=False)
@@ -154,7 +155,10 @@ def test_background_cpu_takes_the_cores_of_a_cpu_model(fennel16):
     want = 1e-6 * df.load_feature_rows.sum() + 1e-7 * df.visible_nodes[starts].sum()
     assert want > 0 and p["load_cpu"] == pytest.approx(want)
     free = costmodel.predict(fennel16, plan, RATES, FREE_CPU, df=df)
-    assert p["fg"] == pytest.approx(free["fg"] + want) and p["bg"] == pytest.approx(free["bg"] + want)
+    cores = costmodel._model_cores(plan.cfg)
+    assert p["fg"] == pytest.approx(free["fg"] + want / cores) and p["bg"] == pytest.approx(free["bg"] + want)
+    one = costmodel.predict(fennel16, make_plan(fennel16, plan.cfg.replace(threads=1)), RATES, costs, df=df)
+    assert one["fg"] == pytest.approx(free["fg"] + want), "one thread: the step pays all of it"
 
 
 def test_a_partition_buffer_pays_its_subgraph_per_edge_of_its_buckets(fennel16):
