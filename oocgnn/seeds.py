@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
@@ -78,17 +79,34 @@ def aggregate_rows(rows: pd.DataFrame, metrics=("best_val_acc", "test_at_best_va
 
 
 def train_seeds(cfg, seeds) -> dict:
-    """Train `cfg` once per seed into <run dir>/seed<S>; write and return the aggregate."""
-    from .train import default_run_dir, train
+    """Train `cfg` once per seed into <run dir>/seed<S>; write and return the aggregate. With `cfg.resume`
+    naming such a directory (a killed `--seeds` job), the seeds that finished are kept, the one killed
+    resumes from its checkpoint (`--checkpoint-every`) and the others run: the same aggregate as a job
+    never interrupted."""
+    from .rundir import load_run
+    from .train import _resumed, default_run_dir, train
     if cfg.resume:
-        raise UserError("--seeds starts new runs; resume each seed's run directory on its own")
-    root = Path(cfg.out) if cfg.out else default_run_dir(cfg).with_name(
-        default_run_dir(cfg).name.rsplit("-s", 1)[0] + "-seeds" + "_".join(map(str, seeds)))
+        root = Path(cfg.resume)
+        if not root.is_dir() or not any((root / f"seed{s}").is_dir() for s in seeds):
+            raise UserError(f"{root} holds no --seeds runs to resume (no seed<S> directory for seeds "
+                            f"{','.join(map(str, seeds))})")
+    else:
+        root = Path(cfg.out) if cfg.out else default_run_dir(cfg).with_name(
+            default_run_dir(cfg).name.rsplit("-s", 1)[0] + "-seeds" + "_".join(map(str, seeds)))
     root.mkdir(parents=True, exist_ok=True)
     summaries = []
     for seed in seeds:
-        s = train(cfg.replace(seed=seed, seeds="", out=str(root / f"seed{seed}")))
-        summaries.append(s)
+        run, fresh = root / f"seed{seed}", cfg.replace(seed=seed, seeds="", resume="", out=str(root / f"seed{seed}"))
+        if cfg.resume and (run / "summary.json").is_file():           # finished before the job was killed
+            _resumed(cfg.replace(seed=seed, seeds="", resume=str(run), out=""), SimpleNamespace(path=run))
+            _, log, summary = load_run(run)
+            summaries.append({**summary, "run_dir": str(run), "log": log})
+            continue
+        if cfg.resume and (run / "checkpoint.pt").is_file():          # killed in this seed
+            fresh = cfg.replace(seed=seed, seeds="", resume=str(run), out="")
+        elif cfg.resume:                                               # not started, or killed before a checkpoint
+            fresh = fresh.replace(force=True)
+        summaries.append(train(fresh))
     agg = {"run_dir": str(root), "policy": cfg.policy, "model": cfg.model, **aggregate(summaries)}
     (root / "aggregate.json").write_text(json.dumps(agg, indent=2))
     aggregate_logs([s["log"] for s in summaries]).to_csv(root / "aggregate_log.csv", index=False)

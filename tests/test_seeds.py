@@ -62,3 +62,39 @@ def test_train_seeds_and_report(tiny_store, tmp_path, capsys):
     assert f"{want['mean'] * 100:.1f} ± {want['std'] * 100:.1f} (3 seeds)" in printed
     assert (tmp_path / "fig" / "r.png").is_file()
     assert set(pd.read_csv(tmp_path / "fig" / "r.csv")["seed"]) == {0, 1, 2}
+
+
+def test_a_killed_seeds_job_resumes_to_the_same_aggregate(fennel16, tmp_path, monkeypatch, capsys):
+    """`train --seeds 0,1,2` killed in seed 1's 5th step (checkpoints every 3): `--resume` on its directory
+    keeps seed 0, resumes seed 1 from its checkpoint and runs seed 2; the per-seed logs and the aggregate
+    equal a job never interrupted. The command line must agree with the runs it continues."""
+    from oocgnn import runtime
+    args = ["train", str(fennel16.path), "--epochs", "2", "--batch-size", "64", "--max-eval-nodes", "100",
+            "--checkpoint-every", "3", "--seeds", "0,1,2", "--no-progress"]
+    assert main(args + ["--out", str(tmp_path / "whole")]) == 0
+    per_seed = len(pd.read_csv(tmp_path / "whole" / "seed0" / "steps.csv"))
+    forward, calls = runtime.Runtime.forward, []
+
+    def killed(self, *a, **k):
+        calls.append(1)
+        if len(calls) == per_seed + 5:
+            raise KeyboardInterrupt
+        return forward(self, *a, **k)
+    monkeypatch.setattr(runtime.Runtime, "forward", killed)
+    assert main(args + ["--out", str(tmp_path / "killed")]) == 130
+    monkeypatch.setattr(runtime.Runtime, "forward", forward)
+    assert (tmp_path / "killed" / "seed0" / "summary.json").is_file()
+    assert not (tmp_path / "killed" / "seed1" / "summary.json").exists()
+    assert not (tmp_path / "killed" / "seed2").exists()
+    capsys.readouterr()
+    assert main(args + ["--lr", "0.5", "--resume", str(tmp_path / "killed")]) == 2
+    assert "differs" in capsys.readouterr().err
+    assert main(args + ["--resume", str(tmp_path / "killed")]) == 0
+    cols = ["epoch", "step", "train_loss", "val_acc", "test_acc"]
+    for s in (0, 1, 2):
+        pd.testing.assert_frame_equal(pd.read_csv(tmp_path / "killed" / f"seed{s}" / "log.csv")[cols],
+                                      pd.read_csv(tmp_path / "whole" / f"seed{s}" / "log.csv")[cols])
+    got, want = (json.loads((tmp_path / d / "aggregate.json").read_text()) for d in ("killed", "whole"))
+    assert got["test_at_best_val"] == want["test_at_best_val"] and got["seeds"] == [0, 1, 2]
+    assert main(args + ["--resume", str(tmp_path / "nothing")]) == 2
+    assert "no --seeds runs to resume" in capsys.readouterr().err
