@@ -16,7 +16,7 @@ evaluation of val and test, median of --reps:
 and the ratios to inmemory (goal: layerwise <= 2). Also the accuracy of each (equal up to the draws).
 
     .venv/bin/python benchmarks/eval.py [--preset small] [--eval-nodes 20000] [--fanouts 10,10]
-        [--batch-size 1024] [--model sage] [--hidden 128] [--budget 0] [--reps 3] [--data data/]
+        [--batch-size 1024] [--model sage] [--hidden 128] [--budget 0] [--reps 3] [--data data/] [--store PATH]
 """
 import argparse
 import os
@@ -46,6 +46,8 @@ def main(argv=None):
     ap.add_argument("--budget", default="0", help="layer-wise memory budget (default 0: a third of the feature file)")
     ap.add_argument("--reps", type=int, default=3, help="timed evaluations per path (default 3)")
     ap.add_argument("--data", default=str(REPO / "data"), help="data directory (default data/)")
+    ap.add_argument("--store", default="", help="an existing store to evaluate on instead of data/<preset> "
+                                                "(default none)")
     args = ap.parse_args(argv)
 
     import numpy as np
@@ -60,7 +62,11 @@ def main(argv=None):
 
     print(f"loadavg at start: {loadavg()}  (cpus {os.cpu_count()}, torch threads {torch.get_num_threads()})",
           flush=True)
-    store = ensure_store(args.preset, Path(args.data))
+    if args.store:
+        from oocgnn.store import open_store
+        store = open_store(args.store, verify=False)
+    else:
+        store = ensure_store(args.preset, Path(args.data))
     fanouts = [int(f) for f in args.fanouts.split(",")]
     sets = {}
     for split, ids in (("val", store.val_idx), ("test", store.test_idx)):     # as train.py picks them
