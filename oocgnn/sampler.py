@@ -73,22 +73,40 @@ class Sampler:
             b.src_nodes = visible[b.src_nodes]
         return Sample(blocks[0].src_nodes, seeds, blocks)
 
+    def sample_many(self, seed_sets, epoch, batches, before_layer=None) -> list:
+        """The samples of several batches (no `visible`: the whole graph) walked in lockstep, layer by
+        layer: before each layer, `before_layer(nodes)` gets the frontier nodes whose lists that layer
+        reads for the first time, over all the batches (BatchGNN's macrobatch: one fetch of the remote
+        lists a layer needs, `distributed.RankLists`). Each sample equals `sample(seeds, epoch, batch)`."""
+        seed_sets = [np.asarray(s, dtype=np.int64) for s in seed_sets]
+        walks = self._walk_many(seed_sets, epoch, list(batches), self.topology.lists, before_layer=before_layer)
+        return [Sample(blocks[0].src_nodes, seeds, blocks) for seeds, blocks in zip(seed_sets, walks)]
+
     def _walk(self, seeds, epoch, batch, lists, keys=None):
-        """Layer by layer from the seeds outwards; each layer's frontier is the previous block's
-        sources, whose first `known` lists the previous call already brought."""
-        blocks, frontier, known, prev = [None] * len(self.fanouts), seeds, 0, None
-        for layer in range(len(self.fanouts) - 1, -1, -1):
-            prev = lists(frontier, known, prev)
-            key_ids = None if keys is None else keys[frontier]
-            if self.dense and known:                  # only the delta is drawn; the rest is reused
-                blocks[layer] = dense_layer(frontier, known, blocks[layer + 1], prev[0][known:], prev[1][known:],
-                                            prev[2], self.fanouts[layer], self.seed, epoch, batch, layer,
-                                            self.scratch, key_ids)
-            else:
-                blocks[layer] = sample_layer(frontier, *prev, self.fanouts[layer], self.seed, epoch, batch, layer,
-                                             self.scratch, key_ids)
-            known, frontier = len(frontier), blocks[layer].src_nodes
-        return blocks
+        return self._walk_many([seeds], epoch, [batch], lists, keys)[0]
+
+    def _walk_many(self, seed_sets, epoch, batches, lists, keys=None, before_layer=None):
+        """Layer by layer from the seeds outwards, every batch a layer at a time; each layer's frontier
+        is the previous block's sources, whose first `known` lists the previous call already brought."""
+        depth = len(self.fanouts)
+        walks = [[[None] * depth, seeds, 0, None] for seeds in seed_sets]      # blocks, frontier, known, prev
+        for layer in range(depth - 1, -1, -1):
+            if before_layer is not None:
+                new = [w[1][w[2]:] for w in walks]
+                before_layer(np.unique(np.concatenate(new)) if new else np.empty(0, np.int64))
+            for w, batch in zip(walks, batches):
+                blocks, frontier, known, prev = w
+                prev = lists(frontier, known, prev)
+                key_ids = None if keys is None else keys[frontier]
+                if self.dense and known:              # only the delta is drawn; the rest is reused
+                    blocks[layer] = dense_layer(frontier, known, blocks[layer + 1], prev[0][known:], prev[1][known:],
+                                                prev[2], self.fanouts[layer], self.seed, epoch, batch, layer,
+                                                self.scratch, key_ids)
+                else:
+                    blocks[layer] = sample_layer(frontier, *prev, self.fanouts[layer], self.seed, epoch, batch,
+                                                 layer, self.scratch, key_ids)
+                w[1:] = [blocks[layer].src_nodes, len(frontier), prev]
+        return [w[0] for w in walks]
 
 
 def sampled_steps(plan, sampler: Sampler, epochs=1, before=None, start=0):

@@ -53,6 +53,27 @@ def test_seeded_per_batch_whatever_ran_before(parted):
         sampler.sample(seeds, visible=np.arange(10, dtype=np.int64))
 
 
+@pytest.mark.parametrize("dense", [False, True])
+def test_batches_walked_in_lockstep_sample_as_one_at_a_time(parted, dense):
+    """`sample_many` (a macrobatch layer by layer) gives each batch `sample`'s blocks; before each layer it
+    names exactly the frontier nodes whose lists that layer reads for the first time (brute force)."""
+    sampler = Sampler(parted.neighbour_lists(), [4, 3, 5], seed=2, dense=dense)
+    seed_sets = [parted.train_idx[i:i + 40] for i in (0, 40, 80)]
+    asked = []
+    got = sampler.sample_many(seed_sets, 1, [7, 8, 9], before_layer=asked.append)
+    want = [sampler.sample(s, 1, b) for s, b in zip(seed_sets, (7, 8, 9))]
+    for a, b in zip(got, want):
+        _same(a, b)
+        np.testing.assert_array_equal(a.output_nodes, b.output_nodes)
+    fronts = [[w.blocks[k].dst_nodes for w in want] for k in (2, 1, 0)]          # outermost layer first
+    prev = [np.empty(0, np.int64)] * 3
+    for layer, nodes in enumerate(asked):
+        new = [f[len(p):] for f, p in zip(fronts[layer], prev)]
+        np.testing.assert_array_equal(nodes, np.unique(np.concatenate(new)))
+        prev = fronts[layer]
+    assert len(asked) == 3
+
+
 @pytest.mark.parametrize("size", [1, 37, 2500, "all"])
 def test_induced_csc_is_dgl_node_subgraph(parted, size):
     """The induced subgraph is exactly DGL's node_subgraph (same neighbour order)."""
