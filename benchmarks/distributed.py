@@ -72,7 +72,7 @@ def main(argv=None):
     ap.add_argument("--data", type=Path, default=REPO / "data", help="directory of the stores")
     args = ap.parse_args(argv)
     import pandas as pd
-    from oocgnn.distributed import projection, simulate_exchange
+    from oocgnn.distributed import TRAFFIC, projection, simulate_exchange
 
     store = ensure_store(args.preset, args.partitioner, args.parts, args.data)
     fanouts = [int(f) for f in args.fanouts.split(",")]
@@ -85,6 +85,7 @@ def main(argv=None):
                 runs[ranks] = run_ranks(store, ranks, Path(tmp) / f"r{ranks}", args)
         table = pd.DataFrame([{"ranks": r, "policy": s["policy"], "k": s["macrobatch"], "epoch_s": s["epoch_s"],
                                "rows_exchanged": s["exchange"]["rows_recv"],
+                               "lists_exchanged": s["exchange"]["lists_recv"],
                                "MiB_exchanged": round(s["exchange"]["bytes_recv"] / 2**20, 1),
                                "best_val": round(s["best_val_acc"], 4), "test_at_best": round(s["test_at_best_val"], 4)}
                               for r, s in runs.items()])
@@ -94,7 +95,7 @@ def main(argv=None):
               f"(2 cores shared by both ranks: no speed-up expected); load {loadavg()}")
         sim = simulate_exchange(store, 2, args.macrobatch, args.batch_size, fanouts, epochs=args.epochs)
         same = all(rk[key] == int(sim.groupby("rank")[key].sum()[rk["rank"]])
-                   for rk in runs[2]["ranks"] for key in ("rows_sent", "rows_recv", "bytes_sent", "bytes_recv"))
+                   for rk in runs[2]["ranks"] for key in TRAFFIC)
         print(f"2-rank traffic executed == simulated, rank by rank: {same}")
     ks = [int(k) for k in args.ks.split(",")]
     worlds = [int(r) for r in args.project_ranks.split(",") if int(r) <= store.num_parts]

@@ -22,6 +22,12 @@ def _cmd_prepare(args):
     check_target(out, args.force)                 # before the source is read: fail fast
     method = args.partitioner
     check_args(method, 1 if args.parts is None else args.parts)
+    if args.shards < 0 or (args.shards > 1 and method == "none" and (args.parts or 1) < args.shards):
+        raise UserError(f"--shards {args.shards} needs at least as many partitions: give --partitioner "
+                        "metis|fennel (and --parts K >= R)" if args.shards > 0 else "--shards is a count >= 0")
+    if args.shards:
+        from .shards import check_shards_target, shards_path
+        check_shards_target(shards_path(out, args.shards), args.force)
     split = parse_split(args.split)
     t0 = time.perf_counter()
     if args.source == "synthetic":
@@ -50,6 +56,11 @@ def _cmd_prepare(args):
                         force=args.force, progress=not args.quiet)
     print(f"wrote {store} in {time.perf_counter() - t0:.1f} s "
           f"(source {t_load:.1f} s, peak RSS {peak_rss() / 2**30:.2f} GiB)")
+    if args.shards:
+        from .shards import write_shards
+        where = write_shards(store, args.shards, force=args.force, progress=not args.quiet)
+        print(f"wrote {args.shards} shards to {where} (rank r reads {where}/rank<r>; run with "
+              f"`torchrun --nproc-per-node {args.shards} -m oocgnn train {where} --distributed`)")
 
 
 def _cmd_info(args):
@@ -252,6 +263,10 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--parts", type=int,
                     help="number of parts K (default 1 for none; else enough that a HierBatching mega-batch "
                          "at the default --memory-budget holds 128 parts, in parts of 20 to 2000 nodes)")
+    pr.add_argument("--shards", type=int, default=0,
+                    help="also cut the store into R per-rank shards for `train --distributed` on R ranks, "
+                         "written to <out>-shards<R>: rank r's directory holds only its rows, lists and "
+                         "labels, so each machine needs only its ranks' shards (default 0: none)")
     pr.set_defaults(func=_cmd_prepare)
 
     inf = sub.add_parser("info", help="describe a store", description="Validate a store and print "

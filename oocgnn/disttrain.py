@@ -1,9 +1,11 @@
 """`oocgnn train --distributed`: one rank of a torchrun job (BatchGNN's training loop, §3).
 
-Each rank trains on the training nodes it owns (`distributed.rank_batches`), in macrobatches of
-k = --macrobatch mini-batches: it samples them, fetches their remote input rows in one exchange
-(`distributed.fetch_macrobatch`), then runs them through DistributedDataParallel, which averages
-the gradients. Evaluation is distributed alike: each rank evaluates the nodes it owns, the correct
+Each rank trains on the training nodes it owns, chunk by chunk as its per-rank policy cuts them
+(`rankplans`): for `inmemory`/`macrobatch`, k = --macrobatch mini-batches sampled a layer at a time
+(the remote neighbour lists of each layer fetched in one exchange, `distributed.sample_macrobatch`:
+a rank holds only its own lists) and their remote input rows fetched in one exchange
+(`distributed.fetch_macrobatch`); for `hierbatching`, batches inside mega-batches of its own
+partitions. DistributedDataParallel averages the gradients. Evaluation is distributed alike: each rank evaluates the nodes it owns, the correct
 counts are summed. Rank 0 writes the run directory (config.json, log.csv, summary.json with every
 rank's traffic). The process group has a timeout (--dist-timeout): a rank that dies makes the
 others fail with a clear error instead of hanging.
@@ -20,17 +22,17 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from .distributed import (Exchange, RankFeatures, batch_key, fetch_macrobatch, owner_bounds, rank_batches,
-                          steps_per_epoch)
+from .distributed import Exchange, RankFeatures, batch_key, fetch_macrobatch, sample_macrobatch, steps_per_epoch
+from .rankplans import make_rank_plan
 from .errors import UserError
 from .models import build_model
 from .rundir import RunDir, read_json
 from .sampler import Sampler
-from .store import open_store
+from .shards import RankData
 from .units import peak_rss
 
-LOG_COLUMNS = ["wall_s", "epoch", "step", "train_loss", "val_acc", "test_acc", "rows_recv", "bytes_recv",
-               "peak_rss"]
+LOG_COLUMNS = ["wall_s", "epoch", "step", "train_loss", "val_acc", "test_acc", "rows_recv", "lists_recv",
+               "bytes_recv", "peak_rss"]
 
 
 def train_distributed(cfg) -> dict:
@@ -69,10 +71,10 @@ def _run(cfg, rank, world, run) -> dict:
     from torch.nn.parallel import DistributedDataParallel
     from .train import default_run_dir
     t_enter = time.perf_counter()
-    store = open_store(cfg.store)
+    store = RankData.open(cfg.store, world, rank)     # the shared store's range, or this rank's shard
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    bounds = owner_bounds(store.part_offsets, world)
+    bounds = store.bounds
     k = int(cfg.get("macrobatch"))
     if run is not None:
         saved = read_json(run.path / "config.json").get("world")
@@ -82,13 +84,16 @@ def _run(cfg, rank, world, run) -> dict:
         run = RunDir.create(Path(cfg.out) if cfg.out else Path(f"{default_run_dir(cfg)}-r{world}"), force=cfg.force)
         run.write_json("config.json", {**cfg.to_dict(), "world": world, "owner_bounds": bounds.tolist(),
                                        "store_meta": {m: store.meta[m] for m in
-                                                      ("name", "num_nodes", "num_edges", "feat_dim", "num_parts")}})
-    features = RankFeatures(store, cfg.policy, bounds, rank, cfg.memory_budget_bytes)
-    topology = store.neighbour_lists()            # every rank keeps the whole topology (no list exchange)
+                                                      ("name", "num_nodes", "num_edges", "feat_dim", "num_parts")},
+                                       "sharded": store.sharded})
+    # the rows a rank serves (and evaluates from): resident for inmemory, else read per macrobatch
+    features = RankFeatures(store, "inmemory" if cfg.policy == "inmemory" else "macrobatch", cfg.memory_budget_bytes)
+    topology = store.lists()                      # its own lists; remote ones come per macrobatch
     sampler = Sampler(topology, cfg.fanout_list, cfg.seed, dense=cfg.sampler == "dense")
     eval_sampler = Sampler(topology, [int(f) for f in cfg.eval_fanouts.split(",")], cfg.seed + 7)
     exchange = Exchange(bounds, rank, world, store.feat_dim)
-    labels = torch.from_numpy(store.compact_labels())
+    labels = torch.from_numpy(store.labels())     # of its own rows: every output node is its own
+    plan = make_rank_plan(cfg, store, features, topology, sampler, exchange)
 
     np.random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)                   # the same initial weights on every rank (DDP checks)
@@ -112,13 +117,14 @@ def _run(cfg, rank, world, run) -> dict:
                 correct = 0
                 batches = [ids[i * cfg.eval_batch_size:(i + 1) * cfg.eval_batch_size] for i in range(nb)]
                 for c in range(0, nb, k):
-                    samples = [eval_sampler.sample(s, 0, batch_key(b, rank, world))
-                               for b, s in enumerate(batches[c:c + k], start=c)]
+                    keys = [batch_key(b, rank, world) for b in range(c, c + len(batches[c:c + k]))]
+                    samples = sample_macrobatch(eval_sampler, topology, exchange, batches[c:c + k], 0, keys,
+                                                counted=False)
                     mb = fetch_macrobatch(samples, features, exchange, counted=False)
                     for s in samples:
                         if len(s.output_nodes):
                             pred = model(s.blocks, mb.gather(s.input_nodes)).argmax(1)
-                            correct += int((pred == labels[torch.from_numpy(s.output_nodes)]).sum())
+                            correct += int((pred == labels[torch.from_numpy(s.output_nodes - store.lo)]).sum())
                 n = torch.tensor([correct], dtype=torch.int64)
                 dist.all_reduce(n)
                 out[split] = int(n) / max(1, total)
@@ -126,28 +132,30 @@ def _run(cfg, rank, world, run) -> dict:
         return out
 
     rows, train_s, step = [], 0.0, 0
-    nb = steps_per_epoch(len(store.train_idx), cfg.batch_size)
     setup_s = time.perf_counter() - t_enter
-    stages = {"sample": 0.0, "exchange": 0.0, "compute": 0.0}
+    stages = {"sample": 0.0, "exchange": 0.0, "load": 0.0, "compute": 0.0}
 
     def log(epoch, loss_sum, loss_n):
         accs = evaluate()
         t = exchange.record()
+        total = torch.tensor([loss_sum, loss_n], dtype=torch.float64)
+        dist.all_reduce(total)                    # the epoch's mean loss over every rank's batches
         rows.append({"wall_s": round(train_s, 4), "epoch": epoch, "step": step,
-                     "train_loss": loss_sum / loss_n if loss_n else float("nan"), "val_acc": accs["val"],
-                     "test_acc": accs["test"], "rows_recv": t["rows_recv"], "bytes_recv": t["bytes_recv"],
+                     "train_loss": float(total[0] / total[1]) if total[1] else float("nan"), "val_acc": accs["val"],
+                     "test_acc": accs["test"], "rows_recv": t["rows_recv"], "lists_recv": t["lists_recv"],
+                     "bytes_recv": t["bytes_recv"],
                      "peak_rss": peak_rss()})
-        if run is not None:
+        if rank == 0:
             run.write_csv("log.csv", pd.DataFrame(rows, columns=LOG_COLUMNS))
 
     def checkpoint(epoch, chunk, loss_sum, loss_n):
         mine = {"rng": torch.get_rng_state(), "traffic": exchange.record(), "train_s": train_s, "stages": stages,
-                "peak_rows": features.peak_rows}
+                "peak_rows": features.peak_rows, "loss": (loss_sum, loss_n)}        # each rank's own
         every = [None] * world
         dist.all_gather_object(every, mine)
         if rank == 0:
             run.save_checkpoint({"epoch": epoch, "chunk": chunk, "step": step, "model": model.state_dict(),
-                                 "opt": opt.state_dict(), "rows": rows, "loss": (loss_sum, loss_n),
+                                 "opt": opt.state_dict(), "rows": rows,
                                  "epoch_s": epoch_s, "ranks": every})
 
     epoch_s, start = [], (0, 0, 0.0, 0)
@@ -162,26 +170,22 @@ def _run(cfg, rank, world, run) -> dict:
         train_s, step, features.peak_rows = mine["train_s"], state["step"], max(features.peak_rows, mine["peak_rows"])
         stages.update(mine["stages"])
         rows[:], epoch_s[:] = state["rows"], state["epoch_s"]
-        start = (state["epoch"], state["chunk"], *state["loss"])
+        start = (state["epoch"], state["chunk"], *mine["loss"])
     else:
         log(0, 0.0, 0)
-    last = (cfg.epochs - 1, ((nb - 1) // k) * k)
     for epoch in range(start[0], cfg.epochs):
-        batches = rank_batches(store.train_idx, bounds, rank, cfg.batch_size, cfg.seed, epoch)
+        chunks = plan.chunks(epoch)               # as many on every rank, of as many batches
         first, loss_sum, loss_n = start[1:] if epoch == start[0] else (0, 0.0, 0)
         t_epoch = time.perf_counter()
-        for c in range(first, nb, k):
+        for c in range(first, len(chunks)):
             if cfg.max_steps and step >= cfg.max_steps:
                 break
             t = time.perf_counter()
-            samples = [sampler.sample(s, epoch, batch_key(b, rank, world))
-                       for b, s in enumerate(batches[c:c + k], start=c)]
-            t1 = time.perf_counter()
-            mb = fetch_macrobatch(samples, features, exchange)
+            samples, gather = plan.prepare(epoch, chunks[c], stages)
             t2 = time.perf_counter()
             for s in samples:
-                logits = ddp(s.blocks, mb.gather(s.input_nodes))
-                y = labels[torch.from_numpy(s.output_nodes)].long()
+                logits = ddp(s.blocks, gather(s.input_nodes))
+                y = labels[torch.from_numpy(s.output_nodes - store.lo)].long()
                 loss = F.cross_entropy(logits, y) if len(y) else logits.sum() * 0   # DDP needs every rank's backward
                 opt.zero_grad()
                 loss.backward()
@@ -193,12 +197,12 @@ def _run(cfg, rank, world, run) -> dict:
                     loss_sum, loss_n = loss_sum + value, loss_n + 1
                 step += 1
             t3 = time.perf_counter()
-            for name, dt in (("sample", t1 - t), ("exchange", t2 - t1), ("compute", t3 - t2)):
-                stages[name] += dt
+            stages["compute"] += t3 - t2
             train_s += t3 - t
             every = cfg.checkpoint_every
-            if every and step // every > (step - len(samples)) // every and (epoch, c) != last:
-                checkpoint(epoch, c + k, loss_sum, loss_n)
+            if every and step // every > (step - len(samples)) // every and \
+                    (epoch, c) != (cfg.epochs - 1, len(chunks) - 1):
+                checkpoint(epoch, c + 1, loss_sum, loss_n)
         epoch_s.append(time.perf_counter() - t_epoch)
         log(epoch, loss_sum, loss_n)
         if cfg.max_steps and step >= cfg.max_steps:
@@ -207,7 +211,10 @@ def _run(cfg, rank, world, run) -> dict:
     me = {"rank": rank, "rows": [int(bounds[rank]), int(bounds[rank + 1])],
           "train_nodes": int(len(_owned(store.train_idx, bounds, rank))), **exchange.record(),
           "bytes_read": features.reader.stats.bytes_read, "peak_buffer_rows": features.peak_rows,
-          "peak_rss": peak_rss(), "train_s": round(train_s, 3), "stage_s": {n: round(v, 3) for n, v in stages.items()}}
+          "peak_eval_rows": features.peak_eval_rows,
+          "topology_bytes": topology.nbytes, "peak_list_entries": topology.peak_entries,
+          "peak_rss": peak_rss(), "train_s": round(train_s, 3), "stage_s": {n: round(v, 3) for n, v in stages.items()},
+          "plan": plan.describe()}
     ranks = [None] * world
     dist.all_gather_object(ranks, me)
     features.close()
@@ -215,14 +222,17 @@ def _run(cfg, rank, world, run) -> dict:
     best = int(logdf["val_acc"].idxmax())
     summary = {
         "distributed": True, "world": world, "policy": cfg.policy, "model": cfg.model, "store": str(store.path),
-        "seed": cfg.seed, "epochs": cfg.epochs, "steps": step, "epoch_steps": nb, "macrobatch": k,
+        "seed": cfg.seed, "epochs": cfg.epochs, "steps": step, "epoch_steps": sum(map(len, plan.chunks(0))),
+        "macrobatch": k,
         "train_s": round(max(r["train_s"] for r in ranks), 3),
         "epoch_s": round(float(np.mean(epoch_s)), 3) if epoch_s else 0.0, "setup_s": round(setup_s, 3),
         "best_val_acc": float(logdf["val_acc"][best]), "test_at_best_val": float(logdf["test_acc"][best]),
         "final_val_acc": float(logdf["val_acc"].iloc[-1]), "final_test_acc": float(logdf["test_acc"].iloc[-1]),
-        "exchange": {key: sum(r[key] for r in ranks) for key in ("rows_recv", "bytes_recv", "exchanges")},
-        "ranks": ranks, "memory_budget": cfg.memory_budget_bytes, "topology": "memory (every rank, whole)",
+        "exchange": {key: sum(r[key] for r in ranks) for key in ("rows_recv", "lists_recv", "list_entries_recv",
+                                                                 "bytes_recv", "exchanges", "list_exchanges")},
+        "ranks": ranks, "memory_budget": cfg.memory_budget_bytes,
+        "topology": "sharded (each rank its own lists; remote lists fetched per macrobatch and layer)",
     }
-    if run is not None:
+    if rank == 0:                                 # every rank holds `run` when resuming; rank 0 writes
         run.write_json("summary.json", summary)
     return {**summary, "run_dir": str(run.path) if run is not None else "", "log": logdf}

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from oocgnn.distributed import (Exchange, RankFeatures, fetch_macrobatch, owner, owner_bounds, rank_batches,
-                                simulate_exchange, steps_per_epoch)
+from oocgnn.distributed import (TRAFFIC, Exchange, RankFeatures, fetch_macrobatch, owner, owner_bounds,
+                                rank_batches, sample_macrobatch, simulate_exchange, steps_per_epoch)
 from oocgnn.errors import UserError
 
 
@@ -56,35 +56,50 @@ def test_macrobatching_sends_fewer_rows_simulated(fennel16):
     assert k1.rows_recv.sum() == k1.rows_sent.sum() and k4.bytes_recv.sum() == k4.bytes_sent.sum()
 
 
-def _fetch_worker(rank, world, port, store_path, k, out):
+def _fetch_worker(rank, world, port, store_path, k, out, source=None):
     import torch.distributed as dist
     from oocgnn.sampler import Sampler
     from oocgnn.store import open_store
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=__import__("datetime").timedelta(seconds=60))
+    from oocgnn.shards import RankData
     store = open_store(store_path)
-    b = owner_bounds(store.part_offsets, world)
-    sampler = Sampler(store.neighbour_lists(), [5, 5], 0)
+    data = RankData.open(source or store_path, world, rank)     # the shared store, or this rank's shard
+    b = data.bounds
+    lists = data.lists()
+    sampler, whole = Sampler(lists, [5, 5], 0), Sampler(store.neighbour_lists(), [5, 5], 0)
     ex = Exchange(b, rank, world, store.feat_dim)
-    ok, oracle = True, store.reader("memory")
+    ok, same, oracle = True, True, store.reader("memory")
     for policy in ("inmemory", "macrobatch"):
-        feats = RankFeatures(store, policy, b, rank, 1 << 30)
+        feats = RankFeatures(data, policy, 1 << 30)
         batches = rank_batches(store.train_idx, b, rank, 64, 0, 0)
         for c in range(0, len(batches), k):
-            samples = [sampler.sample(s, 0, i * world + rank) for i, s in enumerate(batches[c:c + k], start=c)]
+            keys = [i * world + rank for i in range(c, c + len(batches[c:c + k]))]
+            samples = sample_macrobatch(sampler, lists, ex, batches[c:c + k], 0, keys)
             mb = fetch_macrobatch(samples, feats, ex)
-            for s in samples:        # oracle: the store's own rows, read directly
+            for s, key in zip(samples, keys):   # oracles: the whole graph's sample, the store's own rows
+                want = whole.sample(s.output_nodes, 0, key)
+                same &= all(np.array_equal(x.src_nodes, y.src_nodes) and np.array_equal(x.indices, y.indices)
+                            for x, y in zip(s.blocks, want.blocks))
                 ok &= torch.equal(mb.gather(s.input_nodes), torch.from_numpy(oracle.read_rows(s.input_nodes)))
         feats.close()
+    own = (lists.own_indptr[-1], int(store.indptr[b[rank + 1]] - store.indptr[b[rank]]))
     with open(f"{out}.{rank}", "w") as f:
-        json.dump({"ok": bool(ok), **ex.record()}, f)
+        json.dump({"ok": bool(ok), "same": bool(same), "own": [int(x) for x in own], **ex.record()}, f)
     dist.destroy_process_group()
 
 
-def test_exchange_fetches_the_stores_rows_and_counts_what_the_simulator_predicts(fennel16, tmp_path):
+@pytest.mark.parametrize("sharded", [False, True])
+def test_exchange_fetches_the_stores_rows_and_counts_what_the_simulator_predicts(fennel16, tmp_path, sharded):
+    """Each rank reads its rows and lists (from the shared store, or from its own shard written by
+    `prepare --shards`), fetches the rest: samples equal the whole graph's, rows the store's, and the
+    traffic the simulator's."""
     import torch.multiprocessing as mp
+    from oocgnn.shards import write_shards
     world, k = 2, 3
-    ctx = mp.start_processes(_fetch_worker, args=(world, _free_port(), str(fennel16.path), k, str(tmp_path / "r")),
+    source = str(write_shards(fennel16, world, tmp_path / "shards", progress=False)) if sharded else None
+    ctx = mp.start_processes(_fetch_worker, args=(world, _free_port(), str(fennel16.path), k, str(tmp_path / "r"),
+                                                  source),
                              nprocs=world, join=False, start_method="spawn")
     deadline = time.time() + 240
     while not ctx.join(timeout=5):
@@ -92,9 +107,11 @@ def test_exchange_fetches_the_stores_rows_and_counts_what_the_simulator_predicts
     sim = simulate_exchange(fennel16, world, k, 64, [5, 5], seed=0)
     for r in range(world):
         got = json.loads((tmp_path / f"r.{r}").read_text())
-        assert got["ok"]
+        assert got["ok"] and got["same"], "the store's rows, and the samples of the whole graph"
+        assert got["own"][0] == got["own"][1], "a rank holds its own lists, no more"
+        assert got["lists_recv"] > 0 and got["list_entries_recv"] > got["lists_recv"]
         row = sim[sim["rank"] == r].iloc[0]
-        for key in ("rows_sent", "rows_recv", "bytes_sent", "bytes_recv", "exchanges"):
+        for key in TRAFFIC:
             assert got[key] == 2 * int(row[key]), key        # two policies, the same batches: twice the epoch
 
 
@@ -109,23 +126,46 @@ def _torchrun(store, ranks, out, *args, timeout=420):
 
 @pytest.mark.slow
 def test_two_ranks_train_as_one_and_exchange_what_the_simulator_predicts(fennel16, tmp_path):
+    import pandas as pd
     epochs = 15
     one = _torchrun(fennel16.path, 1, tmp_path / "one", "--epochs", epochs)
     two = _torchrun(fennel16.path, 2, tmp_path / "two", "--epochs", epochs, "--policy", "macrobatch",
                     "--macrobatch", 4, "--memory-budget", "8MB")
     k1 = _torchrun(fennel16.path, 2, tmp_path / "k1", "--epochs", 2, "--macrobatch", 1)
+    from oocgnn.shards import write_shards                # the same run from per-rank shards: the same log
+    shards = write_shards(fennel16, 2, tmp_path / "shards", progress=False)
+    k1s = _torchrun(shards, 2, tmp_path / "k1s", "--epochs", 2, "--macrobatch", 1)
+    cols = ["epoch", "step", "train_loss", "val_acc", "test_acc", "rows_recv", "lists_recv", "bytes_recv"]
+    pd.testing.assert_frame_equal(*(pd.read_csv(tmp_path / d / "log.csv")[cols] for d in ("k1", "k1s")))
+    assert [r["rows_recv"] for r in k1s["ranks"]] == [r["rows_recv"] for r in k1["ranks"]]
     assert one["exchange"]["rows_recv"] == 0 and two["steps"] == one["steps"]
-    import pandas as pd
     acc = [pd.read_csv(tmp_path / d / "log.csv")["test_acc"].iloc[-3:].mean() for d in ("one", "two")]
     assert abs(acc[0] - acc[1]) <= 0.01, acc
     assert two["best_val_acc"] > 0.5                      # it learned (8 classes)
     for run, k, ep in ((two, 4, epochs), (k1, 1, 2)):     # executed traffic = simulated, rank by rank
         sim = simulate_exchange(fennel16, 2, k, 64, [5, 5], seed=0, epochs=ep).groupby("rank").sum()
         for rank in run["ranks"]:
-            for key in ("rows_sent", "rows_recv", "bytes_sent", "bytes_recv", "exchanges"):
+            for key in TRAFFIC:
                 assert rank[key] == int(sim.loc[rank["rank"], key]), (k, key)
     # BatchGNN Table 5's direction: k = 4 moves fewer rows than k = 1 (per epoch)
     assert two["exchange"]["rows_recv"] / epochs < k1["exchange"]["rows_recv"] / 2
+
+
+@pytest.mark.slow
+def test_hierbatching_per_rank_learns_and_exchanges_nothing_but_gradients(fennel16, tmp_path):
+    one = _torchrun(fennel16.path, 1, tmp_path / "one", "--epochs", 15)
+    hb = _torchrun(fennel16.path, 2, tmp_path / "hb", "--epochs", 15, "--policy", "hierbatching",
+                   "--memory-budget", "800KB", "--passes", 1)
+    assert hb["exchange"]["rows_recv"] == 0 and hb["exchange"]["lists_recv"] == 0
+    assert hb["steps"] >= one["steps"]         # batches cut per mega-batch (and per pass): a few more
+    assert all(r["plan"]["parts_per_megabatch"] >= 1 for r in hb["ranks"])
+    from oocgnn.config import TrainConfig      # the oracle: one process's HierBatching with both ranks' memory
+    from oocgnn.train import train
+    single = train(TrainConfig.create(store=str(fennel16.path), policy="hierbatching", epochs=15, batch_size=64,
+                                      fanouts="5,5", max_eval_nodes=0, memory_budget="1600KB", passes=1.0,
+                                      progress=False, out=str(tmp_path / "single")))
+    assert hb["best_val_acc"] > 0.5 and abs(hb["test_at_best_val"] - single["test_at_best_val"]) <= 0.03
+    assert one["test_at_best_val"] - hb["test_at_best_val"] <= 0.08     # mega-batches of few parts cost a little
 
 
 @pytest.mark.slow
@@ -160,18 +200,18 @@ def test_a_dead_rank_ends_the_other_with_a_clear_error(fennel16, tmp_path):
 
 def _cli_worker(rank, world, port, argv, crash_at, result):
     """One rank running `oocgnn` argv; with crash_at, interrupted at its crash_at-th training exchange."""
-    from oocgnn import cli, disttrain
+    from oocgnn import cli, rankplans
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
     if crash_at:
-        fetch, calls = disttrain.fetch_macrobatch, [0]
+        fetch, calls = rankplans.fetch_macrobatch, [0]
 
         def crashing(samples, features, exchange, counted=True):
             calls[0] += counted
             if calls[0] == crash_at:
                 raise KeyboardInterrupt
             return fetch(samples, features, exchange, counted)
-        disttrain.fetch_macrobatch = crashing
+        rankplans.fetch_macrobatch = crashing
     code = cli.main(argv)
     with open(f"{result}.{rank}", "w") as f:
         f.write(str(code))
@@ -203,3 +243,89 @@ def test_a_killed_distributed_run_resumes_to_the_same_log(fennel16, tmp_path):
     pd.testing.assert_frame_equal(a[cols], b[cols], rtol=1e-6)
     s = [json.loads((d / "summary.json").read_text()) for d in (tmp_path / "whole", killed)]
     assert [r["rows_recv"] for r in s[0]["ranks"]] == [r["rows_recv"] for r in s[1]["ranks"]]
+
+
+def test_shards_hold_each_ranks_rows_lists_and_labels_and_nothing_else(fennel16, tmp_path, capsys):
+    """`prepare --shards R`: rank r's shard gives the same rows (local ids), lists, labels and splits as its
+    range of the store, and holds only those; a shard refuses another world size and a missing file."""
+    from oocgnn.cli import main
+    from oocgnn.shards import RankData, write_shards
+    from oocgnn.store import open_store
+    out = write_shards(fennel16, 3, tmp_path / "sh", progress=False)
+    whole = fennel16.reader("memory")
+    labels = np.load(fennel16.path / "labels.npy")
+    for r in range(3):
+        a, b = RankData.open(out, 3, r), RankData.open(fennel16.path, 3, r)
+        assert a.sharded and not b.sharded and (a.lo, a.hi) == (b.lo, b.hi)
+        rows = np.arange(a.hi - a.lo)
+        want = whole.read_rows(rows + a.lo)
+        for d in (a, b):
+            with d.reader() as rd:
+                np.testing.assert_array_equal(rd.read_rows(rows), want)
+            np.testing.assert_array_equal(d.labels(), labels[a.lo:a.hi])
+            np.testing.assert_array_equal(d.train_idx, fennel16.train_idx)
+            lists = d.lists()
+            s, e, buf = lists.lists(np.arange(a.lo, a.hi))
+            got = [buf[x:y].tolist() for x, y in zip(s, e)]
+            assert got == [fennel16.indices[fennel16.indptr[v]:fennel16.indptr[v + 1]].tolist()
+                           for v in range(a.lo, a.hi)]
+        size = (out / f"rank{r}" / "features.bin").stat().st_size
+        assert size == (a.hi - a.lo) * fennel16.row_stride, "its rows, no more"
+    with pytest.raises(UserError, match="3 shards"):
+        RankData.open(out, 2, 0)
+    (out / "rank1" / "indices.bin").unlink()
+    with pytest.raises(UserError, match="lacks indices.bin"):
+        RankData.open(out, 3, 1)
+    with pytest.raises(UserError, match="already holds shards"):
+        write_shards(fennel16, 3, out, progress=False)
+    (tmp_path / "plain").mkdir()
+    (tmp_path / "plain" / "precious.txt").write_text("x")
+    with pytest.raises(UserError, match="not a shards directory"):
+        write_shards(fennel16, 3, tmp_path / "plain", force=True, progress=False)
+    assert (tmp_path / "plain" / "precious.txt").read_text() == "x"
+    capsys.readouterr()
+    store = tmp_path / "cli"
+    assert main(["prepare", "synthetic", "--preset", "tiny", "--out", str(store), "--partitioner", "fennel",
+                 "--parts", "8", "--shards", "2", "--quiet"]) == 0
+    meta = json.loads((tmp_path / "cli-shards2" / "shards.json").read_text())
+    assert meta["world"] == 2 and meta["bounds"][-1] == open_store(store).num_nodes
+    assert main(["prepare", "synthetic", "--preset", "tiny", "--out", str(tmp_path / "none"), "--shards", "2"]) == 2
+    assert "--shards 2 needs at least as many partitions" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("passes", [1.0, 1.5])
+def test_hierbatching_per_rank_trains_inside_its_own_megabatches(fennel16, passes):
+    """A rank's HierBatching: every rank as many batches an epoch; each of its training nodes p times
+    (floor(p) passes, then part of one more); a batch's sample stays inside its mega-batch ∪ static rows,
+    all the rank's own, whose gathered rows are the store's; the mega-batch fits the budget."""
+    from oocgnn.config import TrainConfig
+    from oocgnn.rankplans import make_rank_plan
+    from oocgnn.sampler import Sampler
+    from oocgnn.shards import RankData
+    cfg = TrainConfig.create(store=str(fennel16.path), policy="hierbatching", batch_size=64, fanouts="5,5",
+                             passes=passes, memory_budget="200KB", progress=False)
+    oracle, counts = fennel16.reader("memory"), []
+    for rank in range(2):
+        data = RankData.open(fennel16.path, 2, rank)
+        lists = data.lists()
+        plan = make_rank_plan(cfg, data, None, lists, Sampler(lists, [5, 5], 0), None)
+        assert 1 <= plan.n_d < plan.num_parts
+        chunks = plan.chunks(1)
+        counts.append(len(chunks))
+        own = fennel16.train_idx[(fennel16.train_idx >= data.lo) & (fennel16.train_idx < data.hi)]
+        seen = np.concatenate([seeds for [(_, (_, _, seeds))] in chunks])
+        times = np.bincount(np.searchsorted(own, seen), minlength=len(own))
+        assert times.min() >= int(passes) and times.max() <= int(np.ceil(passes)), "each node p times"
+        assert len(seen) == sum(int(np.floor(passes)) * len(t) + round((passes % 1) * len(t))
+                                for _, t in plan._groups(1))
+        assert all(len(np.unique(seeds)) == len(seeds) <= 32 for [(_, (_, _, seeds))] in chunks)
+        stages = dict.fromkeys(("load", "sample"), 0.0)
+        for chunk in chunks[:6]:
+            [sample], gather = plan.prepare(1, chunk, stages)
+            assert np.all((sample.input_nodes >= data.lo) & (sample.input_nodes < data.hi)), "its own rows only"
+            assert np.isin(sample.input_nodes, plan.visible).all()
+            np.testing.assert_array_equal(gather(sample.input_nodes).numpy(), oracle.read_rows(sample.input_nodes))
+        assert plan.peak_rows * data.row_bytes <= cfg.memory_budget_bytes
+    assert counts[0] == counts[1] >= int(np.ceil(passes * steps_per_epoch(len(fennel16.train_idx), 64)))
+    with pytest.raises(UserError, match="memory-budget"):
+        make_rank_plan(cfg.replace(memory_budget="4KB"), RankData.open(fennel16.path, 2, 0), None, lists, None, None)
