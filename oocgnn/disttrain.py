@@ -199,13 +199,18 @@ def _run(cfg, rank, world, run) -> dict:
             t3 = time.perf_counter()
             stages["compute"] += t3 - t2
             train_s += t3 - t
+            n = cfg.eval_every                     # every n steps (a chunk's last step crossing a multiple)
+            if n and step // n > (step - len(samples)) // n:
+                log(epoch, loss_sum, loss_n)
             every = cfg.checkpoint_every
             if every and step // every > (step - len(samples)) // every and \
                     (epoch, c) != (cfg.epochs - 1, len(chunks) - 1):
                 checkpoint(epoch, c + 1, loss_sum, loss_n)
         epoch_s.append(time.perf_counter() - t_epoch)
-        log(epoch, loss_sum, loss_n)
-        if cfg.max_steps and step >= cfg.max_steps:
+        done = epoch == cfg.epochs - 1 or (cfg.max_steps and step >= cfg.max_steps)
+        if not cfg.eval_every or (done and rows[-1]["step"] != step):      # and the run's end, once
+            log(epoch, loss_sum, loss_n)
+        if done:
             break
 
     me = {"rank": rank, "rows": [int(bounds[rank]), int(bounds[rank + 1])],

@@ -169,6 +169,14 @@ def test_hierbatching_per_rank_learns_and_exchanges_nothing_but_gradients(fennel
 
 
 @pytest.mark.slow
+def test_distributed_evaluates_every_n_steps(fennel16, tmp_path):
+    import pandas as pd
+    s = _torchrun(fennel16.path, 2, tmp_path / "e", "--epochs", 2, "--macrobatch", 1, "--eval-every", 3)
+    steps = pd.read_csv(tmp_path / "e" / "log.csv")["step"].tolist()
+    assert steps == [0, *range(3, s["steps"] + 1, 3)] + ([s["steps"]] if s["steps"] % 3 else [])
+
+
+@pytest.mark.slow
 def test_a_dead_rank_ends_the_other_with_a_clear_error(fennel16, tmp_path):
     port, out = _free_port(), tmp_path / "run"
     procs = []
