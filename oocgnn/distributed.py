@@ -188,17 +188,25 @@ class Exchange:
         self.bounds, self.rank, self.world, self.dim = bounds, rank, world, int(feat_dim)
         self.traffic = _traffic(world, 4 * self.dim)
 
-    def fetch(self, remote, serve, counted=True) -> torch.Tensor:
-        """Rows of the sorted remote ids `remote` ([len, dim] float32) from their owners; `serve(ids)`
-        returns this rank's rows of the ids the peers ask for (it is called between the two halves)."""
+    def _ask(self, remote) -> tuple:
+        """Send the sorted remote ids to their owners: (ids asked of each peer, ids each peer asked of this
+        rank, those ids), two `all_to_all_single` calls (counts, then ids)."""
         import torch.distributed as dist
         send = torch.from_numpy(np.bincount(owner(self.bounds, remote), minlength=self.world).astype(np.int64))
         recv = torch.empty_like(send)
         dist.all_to_all_single(recv, send)
+        asked = torch.empty(int(recv.sum()), dtype=torch.int64)
+        dist.all_to_all_single(asked, torch.from_numpy(np.ascontiguousarray(remote, dtype=np.int64)),
+                               recv.tolist(), send.tolist())
+        return send, recv, asked.numpy()
+
+    def fetch(self, remote, serve, counted=True) -> torch.Tensor:
+        """Rows of the sorted remote ids `remote` ([len, dim] float32) from their owners; `serve(ids)`
+        returns this rank's rows of the ids the peers ask for (it is called between the two halves)."""
+        import torch.distributed as dist
+        send, recv, asked = self._ask(remote)
         sl, rl = send.tolist(), recv.tolist()
-        asked = torch.empty(sum(rl), dtype=torch.int64)
-        dist.all_to_all_single(asked, torch.from_numpy(np.ascontiguousarray(remote, dtype=np.int64)), rl, sl)
-        rows = serve(asked.numpy())
+        rows = serve(asked)
         got = torch.empty(len(remote), self.dim, dtype=torch.float32)
         dist.all_to_all_single(got, rows.contiguous(), sl, rl)
         if counted:
@@ -210,13 +218,9 @@ class Exchange:
         counts, ids, lengths and entries, four `all_to_all_single` calls; `serve(ids)` returns this rank's
         (lengths, concatenated entries) of the ids the peers ask for."""
         import torch.distributed as dist
-        send = torch.from_numpy(np.bincount(owner(self.bounds, remote), minlength=self.world).astype(np.int64))
-        recv = torch.empty_like(send)
-        dist.all_to_all_single(recv, send)
+        send, recv, asked = self._ask(remote)
         sl, rl = send.tolist(), recv.tolist()
-        asked = torch.empty(sum(rl), dtype=torch.int64)
-        dist.all_to_all_single(asked, torch.from_numpy(np.ascontiguousarray(remote, dtype=np.int64)), rl, sl)
-        lens, entries = serve(asked.numpy())
+        lens, entries = serve(asked)
         got_lens = torch.empty(len(remote), dtype=torch.int64)
         dist.all_to_all_single(got_lens, torch.from_numpy(np.ascontiguousarray(lens, dtype=np.int64)), sl, rl)
         got_lens = got_lens.numpy()

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -142,15 +143,15 @@ class RankData:
     def _split(self, name):
         return np.load(self.source / f"{name}.npy") if self.sharded else getattr(self.source, name)
 
-    @property
+    @cached_property
     def train_idx(self):
         return self._split("train_idx")
 
-    @property
+    @cached_property
     def val_idx(self):
         return self._split("val_idx")
 
-    @property
+    @cached_property
     def test_idx(self):
         return self._split("test_idx")
 
