@@ -59,7 +59,7 @@ def main(argv=None):
     ap.add_argument("--preset", default="small", help="synthetic preset of the store (tiny|small|medium|large)")
     ap.add_argument("--partitioner", default="fennel", help="partitioner of the store")
     ap.add_argument("--parts", type=int, default=256, help="partitions of the store (>= the largest R projected)")
-    ap.add_argument("--policy", default="inmemory", help="per-rank policy: inmemory | macrobatch")
+    ap.add_argument("--policy", default="inmemory", help="per-rank policy: inmemory | macrobatch | hierbatching")
     ap.add_argument("--budget", default="256MB", help="--memory-budget of each rank")
     ap.add_argument("--epochs", type=int, default=2, help="epochs of each torchrun run")
     ap.add_argument("--batch-size", type=int, default=1024, help="global mini-batch size")
