@@ -80,9 +80,10 @@ class TrainConfig:
     resume: str = setting("", "continue the killed run in this directory from its last checkpoint, with the "
                               "settings it was started with")
     distributed: bool = setting(False, "run as one rank of a torchrun job: ranks own contiguous ranges of the "
-                                       "store's partitions, remote feature rows come by macrobatched all_to_all "
-                                       "(k = --macrobatch), DDP averages gradients; policies inmemory | macrobatch, "
-                                       "--memory-budget per rank")
+                                       "store's partitions (STORE may be a `prepare --shards R` directory), remote "
+                                       "neighbour lists and feature rows come by macrobatched all_to_all "
+                                       "(k = --macrobatch), DDP averages gradients; policies inmemory | macrobatch | "
+                                       "hierbatching, --memory-budget per rank")
     dist_timeout: float = setting(120.0, "seconds a distributed collective waits for the other ranks before the "
                                          "run fails (a dead rank ends the others, never a hang)")
     hierbatching: HierBatchingPlan.Options = field(default_factory=HierBatchingPlan.Options)

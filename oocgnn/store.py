@@ -249,6 +249,9 @@ def open_store(path, verify=True) -> "Store":
         raise StoreError(f"no store at {path}: " + ("; ".join(left) if left else
                          "directory not found (create one with `oocgnn prepare`)"))
     if not meta_path.is_file():
+        if (path / "shards.json").is_file():
+            raise StoreError(f"{path} holds per-rank shards (`prepare --shards`), not a store: train on it with "
+                             "`torchrun ... -m oocgnn train ... --distributed`, or give the store itself")
         raise StoreError(f"no store at {path}: meta.json is missing")
     try:
         meta = json.loads(meta_path.read_text())

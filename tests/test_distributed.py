@@ -299,6 +299,8 @@ def test_shards_hold_each_ranks_rows_lists_and_labels_and_nothing_else(fennel16,
     assert meta["world"] == 2 and meta["bounds"][-1] == open_store(store).num_nodes
     assert main(["prepare", "synthetic", "--preset", "tiny", "--out", str(tmp_path / "none"), "--shards", "2"]) == 2
     assert "--shards 2 needs at least as many partitions" in capsys.readouterr().err
+    assert main(["train", str(tmp_path / "cli-shards2"), "--epochs", "1", "--no-progress"]) == 2
+    assert "holds per-rank shards" in capsys.readouterr().err, "one process on shards: told to use torchrun"
 
 
 @pytest.mark.parametrize("passes", [1.0, 1.5])
