@@ -2,7 +2,7 @@
 
 On the store data/<preset>-<partitioner><parts> (prepared when missing), trains with
 `torchrun --standalone --nproc-per-node R -m oocgnn train STORE --distributed` for R = 1 and 2
-(gloo, the same settings), and prints per run: rows and bytes exchanged, mean epoch time, accuracy,
+(gloo on the CPU, or --device cuda; the same settings), and prints per run: rows and bytes exchanged, mean epoch time, accuracy,
 and the 2-rank / 1-rank epoch-time ratio (on a 2-core machine expect no speed-up: the point is
 correctness and traffic). The 2-rank run's executed traffic is checked against the simulator's.
 Then, from the simulator alone (`distributed.simulate_exchange`: no communication), the rows and
@@ -46,7 +46,7 @@ def run_ranks(store, ranks, out, args):
            "-m", "oocgnn", "train", str(store.path), "--distributed", "--out", str(out), "--force", "--no-progress",
            "--policy", args.policy, "--memory-budget", args.budget, "--epochs", str(args.epochs),
            "--batch-size", str(args.batch_size), "--fanouts", args.fanouts, "--macrobatch", str(args.macrobatch),
-           "--max-eval-nodes", str(args.eval_nodes)]
+           "--max-eval-nodes", str(args.eval_nodes), "--device", args.device]
     r = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"})
     if r.returncode:
         raise SystemExit(f"{ranks}-rank run failed: {(r.stdout + r.stderr)[-3000:]}")
@@ -66,8 +66,10 @@ def main(argv=None):
     ap.add_argument("--fanouts", default="10,10", help="sampling fanouts")
     ap.add_argument("--macrobatch", type=int, default=4, help="k of the executed runs")
     ap.add_argument("--eval-nodes", type=int, default=5000, help="--max-eval-nodes of the runs")
-    ap.add_argument("--project-ranks", default="2,4,8,16,32,64", help="R of the simulated projection")
+    ap.add_argument("--project-ranks", default="2,4,8,16,32,64", help="R of the simulated projection ('': none)")
     ap.add_argument("--ks", default="1,4,16", help="k of the simulated projection")
+    ap.add_argument("--device", default="cpu", help="--device of the ranks: cpu, or cuda (each rank the GPU of its "
+                                                       "local rank; ranks sharing one GPU use gloo for gradients)")
     ap.add_argument("--no-runs", action="store_true", help="only the projection (no torchrun runs)")
     ap.add_argument("--data", type=Path, default=REPO / "data", help="directory of the stores")
     args = ap.parse_args(argv)
@@ -83,7 +85,7 @@ def main(argv=None):
         with tempfile.TemporaryDirectory(prefix="oocgnn-dist-") as tmp:
             for ranks in (1, 2):
                 runs[ranks] = run_ranks(store, ranks, Path(tmp) / f"r{ranks}", args)
-        table = pd.DataFrame([{"ranks": r, "policy": s["policy"], "k": s["macrobatch"], "epoch_s": s["epoch_s"],
+        table = pd.DataFrame([{"ranks": r, "device": s["device"], "backend": s["backend"], "policy": s["policy"], "k": s["macrobatch"], "epoch_s": s["epoch_s"],
                                "rows_exchanged": s["exchange"]["rows_recv"],
                                "lists_exchanged": s["exchange"]["lists_recv"],
                                "MiB_exchanged": round(s["exchange"]["bytes_recv"] / 2**20, 1),
@@ -98,7 +100,9 @@ def main(argv=None):
                    for rk in runs[2]["ranks"] for key in TRAFFIC)
         print(f"2-rank traffic executed == simulated, rank by rank: {same}")
     ks = [int(k) for k in args.ks.split(",")]
-    worlds = [int(r) for r in args.project_ranks.split(",") if int(r) <= store.num_parts]
+    worlds = [int(r) for r in args.project_ranks.split(",") if r and int(r) <= store.num_parts]
+    if not worlds:
+        return
     proj = projection(store, worlds, ks, args.batch_size, fanouts)
     proj["GiB_per_epoch"] = (proj["bytes"] / 2**30).round(3)
     base = proj[proj.k == ks[0]].set_index("ranks")["rows"]

@@ -9,10 +9,17 @@ partitions. DistributedDataParallel averages the gradients. Evaluation is distri
 counts are summed. Rank 0 writes the run directory (config.json, log.csv, summary.json with every
 rank's traffic). The process group has a timeout (--dist-timeout): a rank that dies makes the
 others fail with a clear error instead of hanging.
+
+Devices: the exchanges always go over gloo (host tensors: rows read from disk, lists the CPU sampler
+walks). With --device cuda (or auto where torch sees GPUs) a rank trains on GPU LOCAL_RANK mod the
+node's GPUs, and DDP's gradient all-reduce goes over a nccl group when every rank has a GPU of its
+own (the ranks compare their GPUs' UUIDs); ranks that share a GPU (nccl refuses two ranks on one)
+all-reduce over gloo. Batches reach the GPU through `device.HostToDevice` as in one process.
 """
 from __future__ import annotations
 
 import os
+import socket
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -24,6 +31,7 @@ import torch.nn.functional as F
 
 from .distributed import Exchange, RankFeatures, batch_key, fetch_macrobatch, sample_macrobatch, steps_per_epoch
 from .rankplans import make_rank_plan
+from .device import HostToDevice, resolve_device
 from .errors import UserError
 from .models import build_model
 from .rundir import RunDir, read_json
@@ -46,12 +54,12 @@ def train_distributed(cfg) -> dict:
         from .train import _resumed
         run = RunDir.create(cfg.resume, resume=True)
         cfg = _resumed(cfg, run)
-    if cfg.device not in ("auto", "cpu"):
-        raise UserError("--distributed runs on the CPU (gloo) for now; drop --device")
+    device = rank_device(cfg.device)
     dist.init_process_group("gloo", timeout=timedelta(seconds=cfg.dist_timeout))
     rank, world = dist.get_rank(), dist.get_world_size()
     try:
-        out = _run(cfg, rank, world, run)
+        grads = gradient_group(device, world, timedelta(seconds=cfg.dist_timeout))
+        out = _run(cfg, rank, world, run, device, grads)
     except UserError:
         raise
     except (RuntimeError, dist.DistError) as e:
@@ -62,11 +70,35 @@ def train_distributed(cfg) -> dict:
     return out
 
 
+def rank_device(name) -> torch.device:
+    """This rank's torch.device for a --device value: a GPU without an index is GPU LOCAL_RANK mod the
+    node's GPUs."""
+    device = resolve_device(name)
+    if device.type == "cuda":
+        if device.index is None:
+            device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+    return device
+
+
+def gradient_group(device, world, timeout):
+    """The process group DDP all-reduces over: None (the default gloo group) on the CPU or when two
+    ranks share a GPU, else a new nccl group. Every rank calls it (it gathers every rank's GPU)."""
+    import torch.distributed as dist
+    if device.type != "cuda":
+        return None
+    props = torch.cuda.get_device_properties(device)
+    mine = str(getattr(props, "uuid", "")) or f"{socket.gethostname()}:{device.index}"
+    every = [None] * world
+    dist.all_gather_object(every, mine)
+    return dist.new_group(backend="nccl", timeout=timeout) if len(set(every)) == world else None
+
+
 def _owned(ids, bounds, rank):
     return ids[(ids >= bounds[rank]) & (ids < bounds[rank + 1])]
 
 
-def _run(cfg, rank, world, run) -> dict:
+def _run(cfg, rank, world, run, device=torch.device("cpu"), grads=None) -> dict:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
     from .train import default_run_dir
@@ -92,13 +124,16 @@ def _run(cfg, rank, world, run) -> dict:
     sampler = Sampler(topology, cfg.fanout_list, cfg.seed, dense=cfg.sampler == "dense")
     eval_sampler = Sampler(topology, [int(f) for f in cfg.eval_fanouts.split(",")], cfg.seed + 7)
     exchange = Exchange(bounds, rank, world, store.feat_dim)
-    labels = torch.from_numpy(store.labels())     # of its own rows: every output node is its own
+    labels = torch.from_numpy(store.labels()).long()   # of its own rows: every output node is its own
     plan = make_rank_plan(cfg, store, features, topology, sampler, exchange)
 
     np.random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)                   # the same initial weights on every rank (DDP checks)
     model = build_model(cfg.model, store.feat_dim, cfg.hidden, store.num_classes, cfg.layers, cfg.dropout)
-    ddp = DistributedDataParallel(model)
+    model.to(device)                              # initialised on the CPU: the same weights on any device
+    ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
+                                  process_group=grads)
+    h2d = HostToDevice(device)
     opt = torch.optim.Adam(ddp.parameters(), lr=cfg.lr)
 
     eval_sets = {}
@@ -123,8 +158,9 @@ def _run(cfg, rank, world, run) -> dict:
                     mb = fetch_macrobatch(samples, features, exchange, counted=False)
                     for s in samples:
                         if len(s.output_nodes):
-                            pred = model(s.blocks, mb.gather(s.input_nodes)).argmax(1)
-                            correct += int((pred == labels[torch.from_numpy(s.output_nodes - store.lo)]).sum())
+                            x, y = h2d([mb.gather(s.input_nodes), labels[torch.from_numpy(s.output_nodes - store.lo)]],
+                                       s.blocks)
+                            correct += int((model(s.blocks, x).argmax(1) == y).sum())
                 n = torch.tensor([correct], dtype=torch.int64)
                 dist.all_reduce(n)
                 out[split] = int(n) / max(1, total)
@@ -149,7 +185,8 @@ def _run(cfg, rank, world, run) -> dict:
             run.write_csv("log.csv", pd.DataFrame(rows, columns=LOG_COLUMNS))
 
     def checkpoint(epoch, chunk, loss_sum, loss_n):
-        mine = {"rng": torch.get_rng_state(), "traffic": exchange.record(), "train_s": train_s, "stages": stages,
+        mine = {"rng": torch.get_rng_state(), "cuda_rng": torch.cuda.get_rng_state(device) if h2d.on_gpu else None,
+                "traffic": exchange.record(), "train_s": train_s, "stages": stages,
                 "peak_rows": features.peak_rows, "loss": (loss_sum, loss_n)}        # each rank's own
         every = [None] * world
         dist.all_gather_object(every, mine)
@@ -165,6 +202,8 @@ def _run(cfg, rank, world, run) -> dict:
         opt.load_state_dict(state["opt"])
         mine = state["ranks"][rank]
         torch.set_rng_state(mine["rng"])
+        if h2d.on_gpu and mine.get("cuda_rng") is not None:
+            torch.cuda.set_rng_state(mine["cuda_rng"], device)
         for key, v in mine["traffic"].items():
             exchange.traffic[key][rank] = v
         train_s, step, features.peak_rows = mine["train_s"], state["step"], max(features.peak_rows, mine["peak_rows"])
@@ -184,8 +223,8 @@ def _run(cfg, rank, world, run) -> dict:
             samples, gather = plan.prepare(epoch, chunks[c], stages)
             t2 = time.perf_counter()
             for s in samples:
-                logits = ddp(s.blocks, gather(s.input_nodes))
-                y = labels[torch.from_numpy(s.output_nodes - store.lo)].long()
+                x, y = h2d([gather(s.input_nodes), labels[torch.from_numpy(s.output_nodes - store.lo)]], s.blocks)
+                logits = ddp(s.blocks, x)
                 loss = F.cross_entropy(logits, y) if len(y) else logits.sum() * 0   # DDP needs every rank's backward
                 opt.zero_grad()
                 loss.backward()
@@ -226,7 +265,9 @@ def _run(cfg, rank, world, run) -> dict:
     logdf = pd.DataFrame(rows, columns=LOG_COLUMNS)
     best = int(logdf["val_acc"].idxmax())
     summary = {
-        "distributed": True, "world": world, "policy": cfg.policy, "model": cfg.model, "store": str(store.path),
+        "distributed": True, "world": world, "device": str(device),
+        "backend": "gloo" if grads is None else "gloo (exchanges), nccl (gradients)",
+        "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None, "policy": cfg.policy, "model": cfg.model, "store": str(store.path),
         "seed": cfg.seed, "epochs": cfg.epochs, "steps": step, "epoch_steps": sum(map(len, plan.chunks(0))),
         "macrobatch": k,
         "train_s": round(max(r["train_s"] for r in ranks), 3),

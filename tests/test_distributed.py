@@ -116,9 +116,10 @@ def test_exchange_fetches_the_stores_rows_and_counts_what_the_simulator_predicts
 
 
 def _torchrun(store, ranks, out, *args, timeout=420):
+    """A torchrun job's summary; on the CPU unless `args` name another --device (the last one counts)."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks),
            "-m", "oocgnn", "train", str(store), "--distributed", "--out", str(out), "--no-progress",
-           "--batch-size", "64", "--fanouts", "5,5", "--max-eval-nodes", "0", *map(str, args)]
+           "--batch-size", "64", "--fanouts", "5,5", "--max-eval-nodes", "0", "--device", "cpu", *map(str, args)]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
     return json.loads((out / "summary.json").read_text())
@@ -149,6 +150,39 @@ def test_two_ranks_train_as_one_and_exchange_what_the_simulator_predicts(fennel1
                 assert rank[key] == int(sim.loc[rank["rank"], key]), (k, key)
     # BatchGNN Table 5's direction: k = 4 moves fewer rows than k = 1 (per epoch)
     assert two["exchange"]["rows_recv"] / epochs < k1["exchange"]["rows_recv"] / 2
+
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+
+
+def test_rank_device_is_the_cpu_or_refuses_a_missing_gpu():
+    from oocgnn.disttrain import rank_device
+    assert rank_device("cpu") == torch.device("cpu")
+    if not torch.cuda.is_available():
+        assert rank_device("auto") == torch.device("cpu")
+        with pytest.raises(UserError, match="--device cuda"):
+            rank_device("cuda")
+
+
+@cuda
+def test_ranks_on_a_gpu_train_as_on_the_cpu(fennel16, tmp_path):
+    """The same samples and exchanges on either device (traffic equal), the same learning; a rank with
+    a GPU of its own sends gradients over nccl, ranks sharing one GPU over gloo."""
+    import pandas as pd
+    args = ("--epochs", 10, "--macrobatch", 2, "--dropout", 0)
+    cpu = _torchrun(fennel16.path, 2, tmp_path / "cpu", *args, "--device", "cpu")
+    shared = _torchrun(fennel16.path, 2, tmp_path / "shared", *args, "--device", "cuda")
+    own = _torchrun(fennel16.path, 1, tmp_path / "own", *args, "--device", "cuda")
+    nccl = "gloo (exchanges), nccl (gradients)"
+    assert cpu["backend"] == "gloo" and own["backend"] == nccl
+    assert shared["backend"] == ("gloo" if torch.cuda.device_count() < 2 else nccl)
+    assert shared["device"].startswith("cuda") and shared["gpu"]
+    for key in TRAFFIC:
+        assert [r[key] for r in shared["ranks"]] == [r[key] for r in cpu["ranks"]], key
+    logs = [pd.read_csv(tmp_path / d / "log.csv") for d in ("cpu", "shared")]
+    np.testing.assert_allclose(logs[0]["train_loss"][1:4], logs[1]["train_loss"][1:4], rtol=1e-2)  # sums reordered
+    acc = [log["test_acc"].iloc[-3:].mean() for log in logs] + [own["final_test_acc"]]
+    assert max(acc) - min(acc) <= 0.03 and own["best_val_acc"] > 0.5, acc
 
 
 @pytest.mark.slow
