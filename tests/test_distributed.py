@@ -203,6 +203,35 @@ def test_hierbatching_per_rank_learns_and_exchanges_nothing_but_gradients(fennel
 
 
 @pytest.mark.slow
+def test_two_nodes_train_as_two_ranks_on_one(fennel16, tmp_path):
+    """README's several-machines lines on localhost: two torchrun agents (--nnodes 2, one rank each, each
+    its LOCAL_RANK 0) meet at a rendezvous and give the log of one agent with two ranks."""
+    import pandas as pd
+    args = ["--epochs", "2", "--macrobatch", "2", "--batch-size", "64", "--fanouts", "5,5", "--max-eval-nodes", "0",
+            "--device", "cpu", "--no-progress"]
+    port, out = _free_port(), tmp_path / "nodes"
+    agents = [subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1", "--node-rank",
+         str(node), "--master-addr", "127.0.0.1", "--master-port", str(port), "-m", "oocgnn", "train",
+         str(fennel16.path), "--distributed", "--out", str(out), *args],
+        env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for node in range(2)]
+    try:
+        for a in agents:
+            _, err = a.communicate(timeout=300)
+            assert a.returncode == 0, err[-3000:]
+    finally:
+        for a in agents:
+            if a.poll() is None:
+                a.kill()
+    one = _torchrun(fennel16.path, 2, tmp_path / "one", *args)
+    nodes = json.loads((out / "summary.json").read_text())
+    assert [r["rows"] for r in nodes["ranks"]] == [r["rows"] for r in one["ranks"]]
+    cols = ["epoch", "step", "train_loss", "val_acc", "test_acc", "rows_recv", "lists_recv", "bytes_recv"]
+    pd.testing.assert_frame_equal(*(pd.read_csv(d / "log.csv")[cols] for d in (out, tmp_path / "one")))
+
+
+@pytest.mark.slow
 def test_distributed_evaluates_every_n_steps(fennel16, tmp_path):
     import pandas as pd
     s = _torchrun(fennel16.path, 2, tmp_path / "e", "--epochs", 2, "--macrobatch", 1, "--eval-every", 3)
