@@ -22,8 +22,11 @@ import numpy as np
 # 0.47) -41 pt, 8 parts (TV 0.26) -32 pt, 18 parts (TV 0.20) -3.4, 29 parts (TV 0.17) -3.4; given split:
 # 2 parts -20, 7.5 parts (TV 0.28) -41, 12 parts (TV 0.29) -5. cora and citeseer lose little at any mixing
 # on the random split (+-1 to 5 pt, noise-level) and ~5 pt at every in-budget setting on cora's given one.
+# Re-read at issue 20's protocol (100 epochs, fanouts 25,10, hidden 512, 3 seeds, prepare's default K): HierBatching's
+# defaults at TV 0.14-0.15 were -0.2 (citeseer random) and -1.2 pt (cora random), at TV 0.22 -1.7 pt (citeseer
+# given, 17 parts, no warning at the old 0.22), at 0.23 -0.2 (cora given); hence MAX_TV 0.20.
 MIN_PARTS = 16         # groups whose training nodes come from fewer parts than this (mean) warn
-MAX_TV = 0.22          # a mean total-variation distance above this warns
+MAX_TV = 0.20          # a mean total-variation distance above this warns
 TARGET_PARTS = 128     # `default_parts`: parts a HierBatching mega-batch holds at the default budget
 MIN_PART_NODES = 20    # `default_parts`: no smaller parts (HierBatching's digest: ~100-2000 nodes)
 MAX_PART_NODES = 2000
