@@ -409,24 +409,16 @@ def mmap_page_cache(store, cfg, cache=None, refresh=False) -> int:
     return value
 
 
-def mmap_faults(store, plan, steps=None, page_cache=None, warm=False) -> np.ndarray:
-    """Per batch of the first `steps` (default an epoch), the 4 KiB feature pages an LRU page cache of
-    `page_cache` bytes (default the budget) misses (mmap's faults): from an empty cache, or `warm`, from the
-    cache an epoch leaves (the steady state: the epoch's batches replayed again after it, a stand-in for
-    the next epoch's, whose accesses recur alike)."""
+def mmap_faults(store, plan, steps=None, page_cache=None) -> np.ndarray:
+    """Per batch, the 4 KiB feature pages an LRU page cache of `page_cache` bytes (default the budget)
+    misses (mmap's faults)."""
     from .cache import PageLRUCache, replay
-    from .trace import Trace, record_trace
+    from .trace import record_trace
     trace = record_trace(store, plan.schedule, plan.fanouts, epochs=1, seed=plan.seed, cache_dir=False)
-    n = len(trace)
-    k = n if steps is None else min(int(steps), n)
-    if warm:
-        off, ids = np.asarray(trace.offsets), np.asarray(trace.ids)
-        trace = Trace(np.concatenate([off, off[1:k + 1] + off[-1]]), np.concatenate([ids, ids[:off[k]]]),
-                      trace.num_nodes, trace.params, trace.row_stride, trace.row_bytes)
     size = plan.budget if page_cache is None else page_cache
     res = replay(trace, PageLRUCache.from_budget(size, store.row_bytes, store.num_nodes), per_iteration=True)
     pages = res.per_iteration["pages_read"].to_numpy()
-    return pages[n:n + k] if warm else pages[:k]
+    return pages[:steps] if steps is not None else pages
 
 
 def predict(store, plan, rates: DiskRates, costs: StepCosts, steps=None, df=None, page_cache=None,
@@ -446,8 +438,6 @@ def predict(store, plan, rates: DiskRates, costs: StepCosts, steps=None, df=None
             page_cache = mmap_page_cache(store, plan.cfg, cache)
         faults = mmap_faults(store, plan, len(df), page_cache)
         read = rates.seconds(faults, faults, depth="qd1")
-        warm = mmap_faults(store, plan, len(df), page_cache, warm=True)       # the steady state's
-        warm_read = np.asarray(rates.seconds(warm, warm, depth="qd1"), float)
     else:
         read = rates.seconds(df["feature_pages_read"], df["feature_requests"]) + \
             rates.seconds(df["neighbour_pages_read"], df["neighbour_requests"])
@@ -474,12 +464,8 @@ def predict(store, plan, rates: DiskRates, costs: StepCosts, steps=None, df=None
     f, b = per["fg"].to_numpy(), per["bg"].to_numpy()
     seconds = float(b[0] + np.maximum(f, np.append(b[1:], 0.0)).sum()) if len(per) else 0.0
     epoch_steps = sum(1 for e, _, _ in plan.schedule.steps(1))
-    steady = _steady_epoch_s(f, b, per.index, ph, epoch_steps, len(df))
-    if plan.reader == "mmap":               # a steady epoch faults what the page cache an epoch left misses
-        ws = frame.assign(fg=fg - read + warm_read).groupby("phase", sort=False)[["fg", "bg"]].sum()
-        steady = _steady_epoch_s(ws["fg"].to_numpy(), ws["bg"].to_numpy(), ws.index, ph, epoch_steps, len(df))
     return {"policy": plan.name, "steps": len(df), "epoch_steps": epoch_steps, "seconds": seconds,
-            "epoch_s": steady,
+            "epoch_s": _steady_epoch_s(f, b, per.index, ph, epoch_steps, len(df)),
             "sample": float(sample.sum()), "gather": float(gather.sum()), "compute": float(compute.sum()),
             "read": float(read.sum()), "load": float(load.sum()), "load_cpu": float(load_cpu.sum()), "fg": float(f.sum()), "bg": float(b.sum()),
             "phases": len(per), "first_phase_steps": int((ph == per.index[0]).sum()) if len(per) else 0,

@@ -220,9 +220,3 @@ def test_mmap_page_cache_is_the_runs_cap_less_its_working_set(fennel16, tmp_path
     assert p["read"] == pytest.approx(float(RATES.seconds(faults, faults, depth="qd1").sum()))
     small = costmodel.mmap_faults(fennel16, plan)             # an LRU of the budget alone
     assert faults.sum() <= small.sum() and small.sum() > 0    # LRU: a larger cache never misses more
-    file_bytes = fennel16.num_nodes * fennel16.row_stride      # the steady state: what an epoch left
-    assert costmodel.mmap_faults(fennel16, plan, page_cache=file_bytes, warm=True).sum() == 0
-    warm = costmodel.mmap_faults(fennel16, plan, warm=True)
-    assert 0 < warm.sum() <= small.sum() and len(warm) == len(small)
-    steady = costmodel.predict(fennel16, plan, RATES, FREE_CPU, page_cache=file_bytes)
-    assert steady["read"] > 0 and steady["epoch_s"] == 0.0    # cold reads; a warm epoch reads nothing
