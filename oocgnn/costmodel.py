@@ -17,10 +17,8 @@ ahead (Ginex's superbatch, BatchGNN's macrobatch) — and a phase's background w
 load; the next chunk's sampling and, for a macrobatch, its union read) runs beside its foreground
 work, so an epoch takes `bg[0] + Σ max(fg[i], bg[i+1])`; a plan that does not pipeline adds them.
 On a CPU the background's processor time also delays the model's step, by its share of the step's cores.
-`mmap`'s reads are the page faults an LRU over 4 KiB pages would miss (`cache.PageLRUCache`), one at a
-time, the LRU as large as the page cache the executed run leaves the kernel (`mmap_page_cache`: its
-cgroup cap less its working memory, measured once); the kernel's cache is not exactly LRU, so it is an
-estimate.
+`mmap`'s reads are the page faults an LRU over 4 KiB pages of the budget's size would miss
+(`cache.PageLRUCache`), one at a time: the kernel's cache is not exactly LRU, so it is an estimate.
 """
 from __future__ import annotations
 
@@ -39,7 +37,7 @@ import pandas as pd
 from .errors import UserError
 from .io import PAGE
 
-CACHE_VERSION = 7
+CACHE_VERSION = 6
 
 
 def cache_dir(path=None) -> Path:
@@ -383,48 +381,18 @@ def _model_cores(cfg) -> int:
     return max(1, min(int(cfg.threads or torch.get_num_threads()), os.cpu_count() or 1))
 
 
-def mmap_page_cache(store, cfg, cache=None, refresh=False) -> int:
-    """Bytes of feature pages the kernel can keep for an `mmap` run of `cfg`: its cgroup cap
-    (`runtime.PageCacheCap`: budget + 1.25 W + 16 MiB) less its working memory W, so budget + 0.25 W +
-    16 MiB, with W measured as the run measures it (the warm-up of a short mmap run in a fresh process).
-    The whole feature file where the cap is not enforced (no memory cgroup: the kernel keeps it all).
-    Cached per store, settings and budget."""
-    from .train import WARMUP_STEPS, train_fresh
-    budget = int(cfg.memory_budget_bytes)
-    key = f"mmap|{_calibration_key(store, cfg)}|{cfg.max_eval_nodes}|{budget}"
-    file = cache_dir(cache) / "calibration.json"
-    saved = _load(file)
-    if key in saved and not refresh:
-        return int(saved[key])
-    with tempfile.TemporaryDirectory(prefix="oocgnn-pagecache-") as tmp:
-        s = train_fresh(cfg.replace(store=str(store.path), policy="mmap", epochs=1, max_steps=WARMUP_STEPS + 1,
-                                    eval_every=0, out=str(Path(tmp) / "run"), progress=False, force=True,
-                                    checkpoint_every=0, resume="", target_acc=0.0))
-    cap = s.get("memory_cap", {})
-    w = cap.get("working_set") if cap.get("enforced") else None
-    value = budget + int(0.25 * w) + (16 << 20) if w else store.num_nodes * store.row_stride
-    saved = _load(file)
-    saved[key] = value
-    _save(file, saved)
-    return value
-
-
-def mmap_faults(store, plan, steps=None, page_cache=None) -> np.ndarray:
-    """Per batch, the 4 KiB feature pages an LRU page cache of `page_cache` bytes (default the budget)
-    misses (mmap's faults)."""
+def mmap_faults(store, plan, steps=None) -> np.ndarray:
+    """Per batch, the 4 KiB feature pages an LRU page cache of the budget's size misses (mmap's faults)."""
     from .cache import PageLRUCache, replay
     from .trace import record_trace
     trace = record_trace(store, plan.schedule, plan.fanouts, epochs=1, seed=plan.seed, cache_dir=False)
-    size = plan.budget if page_cache is None else page_cache
-    res = replay(trace, PageLRUCache.from_budget(size, store.row_bytes, store.num_nodes), per_iteration=True)
+    res = replay(trace, PageLRUCache.from_budget(plan.budget, store.row_bytes, store.num_nodes), per_iteration=True)
     pages = res.per_iteration["pages_read"].to_numpy()
     return pages[:steps] if steps is not None else pages
 
 
-def predict(store, plan, rates: DiskRates, costs: StepCosts, steps=None, df=None, page_cache=None,
-            cache=None) -> dict:
+def predict(store, plan, rates: DiskRates, costs: StepCosts, steps=None, df=None) -> dict:
     """Predicted seconds of the first `steps` batches (default an epoch) of `plan`, and the parts.
-    An `mmap` plan's page cache is `page_cache` bytes, by default `mmap_page_cache` (measured once).
 
     Returns `seconds` (the prediction, from a standing start), `epoch_s` (an epoch in the steady state,
     `_steady_epoch_s`: extrapolated from a window of `steps`), the totals of each stage (`sample`, `gather`, `compute`, `read`:
@@ -434,9 +402,7 @@ def predict(store, plan, rates: DiskRates, costs: StepCosts, steps=None, df=None
         df = simulate(store, plan, epochs=1, progress=False, steps=steps)
     cpu = costs.batch_seconds(df)
     if plan.reader == "mmap":
-        if page_cache is None:
-            page_cache = mmap_page_cache(store, plan.cfg, cache)
-        faults = mmap_faults(store, plan, len(df), page_cache)
+        faults = mmap_faults(store, plan, len(df))
         read = rates.seconds(faults, faults, depth="qd1")
     else:
         read = rates.seconds(df["feature_pages_read"], df["feature_requests"]) + \

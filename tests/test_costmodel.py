@@ -197,26 +197,3 @@ def test_compute_unit_is_the_one_that_explains_the_runs():
         seconds = 0.01 + 6e-6 * x
         c0, c1, unit = costmodel._fit_unit({"rows": rows, "expanded": expanded}, seconds, runs)
         assert unit == truth and c0 == pytest.approx(0.01) and c1 == pytest.approx(6e-6)
-
-
-def test_mmap_page_cache_is_the_runs_cap_less_its_working_set(fennel16, tmp_path, monkeypatch):
-    """The kernel's share of an mmap run's cgroup (budget + 1.25 W + 16 MiB, less W), W measured by a
-    short mmap run in a fresh process; the prediction charges the faults of an LRU that size."""
-    from oocgnn.train import train_fresh
-    cfg = _cfg(fennel16, policy="mmap", memory_budget="1MB")
-    size = costmodel.mmap_page_cache(fennel16, cfg, cache=tmp_path)
-    ref = train_fresh(cfg.replace(epochs=1, max_steps=3, out=str(tmp_path / "ref")))["memory_cap"]
-    if ref.get("enforced"):                       # W varies a little between fresh processes
-        w = ref["working_set"]
-        assert abs(size - (cfg.memory_budget_bytes + 0.25 * w + (16 << 20))) <= 0.25 * 0.2 * w
-        assert abs((ref["limit"] - w) - size) <= 0.25 * 0.2 * w + PAGE
-    else:                                         # no memory cgroup here: the kernel may keep every page
-        assert size == fennel16.num_nodes * fennel16.row_stride
-    monkeypatch.setattr("oocgnn.train.train_fresh", lambda cfg: pytest.fail("measured again"))
-    assert costmodel.mmap_page_cache(fennel16, cfg, cache=tmp_path) == size
-    plan = make_plan(fennel16, cfg)
-    p = costmodel.predict(fennel16, plan, RATES, FREE_CPU, cache=tmp_path)
-    faults = costmodel.mmap_faults(fennel16, plan, page_cache=size)
-    assert p["read"] == pytest.approx(float(RATES.seconds(faults, faults, depth="qd1").sum()))
-    small = costmodel.mmap_faults(fennel16, plan)             # an LRU of the budget alone
-    assert faults.sum() <= small.sum() and small.sum() > 0    # LRU: a larger cache never misses more
