@@ -12,6 +12,8 @@ the run warned. The thresholds of `oocgnn.mixing` (MIN_PARTS, MAX_TV) were read 
     .venv/bin/python benchmarks/mixing.py --datasets cora,citeseer,amazon_photo,coauthor_cs \\
         --configs 16:2,64:8,128:16,256:32 --seeds 0,1,2 --epochs 50
     .venv/bin/python benchmarks/mixing.py --preset tiny --configs 16:2,16:4 --seeds 0 --epochs 2   # smoke
+    .venv/bin/python benchmarks/mixing.py --datasets cora --splits random --configs 0:0 \\
+        --hb-variants "static_ratio=0.05;passes=1,static_ratio=0.05;pipeline=false"      # knobs at the default K
 """
 import argparse
 import sys
@@ -49,6 +51,24 @@ def store_for(data, parts, root, label):
     return write_store(data, path, order=order, part_offsets=offsets, partitioner=method, progress=False)
 
 
+def variants(text) -> list:
+    """[{knob: value}] from 'k=v,k=v;k=v' (values read as JSON where they parse: 0.05, 1, false)."""
+    import json
+    out = []
+    for group in filter(None, (g.strip() for g in text.split(";"))):
+        knobs = {}
+        for pair in filter(None, (p.strip() for p in group.split(","))):
+            key, sep, value = pair.partition("=")
+            if not sep:
+                raise SystemExit(f"--hb-variants: {pair!r} is not KEY=VALUE")
+            try:
+                knobs[key.strip()] = json.loads(value)
+            except ValueError:
+                knobs[key.strip()] = value.strip()
+        out.append(knobs)
+    return out
+
+
 def run(store, base, seeds, root, **settings):
     """(mixing dict or None, accuracies, error) of `settings` over `seeds`."""
     from oocgnn.errors import UserError
@@ -63,7 +83,8 @@ def run(store, base, seeds, root, **settings):
     mix = mixing(plan)
     accs = []
     for s in seeds:
-        out = Path(root) / "runs" / f"{Path(store.path).name}-{cfg.policy}-{settings.get('parts_per_megabatch', 0)}-s{s}"
+        knobs = "".join(f"-{k}{v}" for k, v in settings.items() if k not in ("policy", "parts_per_megabatch"))
+        out = Path(root) / "runs" / f"{Path(store.path).name}-{cfg.policy}-{settings.get('parts_per_megabatch', 0)}{knobs}-s{s}"
         accs.append(train(cfg.replace(seed=s, out=str(out), force=True))["test_at_best_val"])
     return mix, accs, ""
 
@@ -81,6 +102,10 @@ def main(argv=None):
                          "holds) (default 16:2,64:8,128:16,256:32)")
     ap.add_argument("--outre", type=int, default=-1, help="also train outre (its defaults) on a store of this many "
                                                             "parts, 0: prepare's default K (default -1: not)")
+    ap.add_argument("--hb-variants", default="",
+                    help="also train hierbatching on the first config's store with these knobs changed: sets of "
+                         "KEY=VALUE joined by ',', sets separated by ';', e.g. 'static_ratio=0.05;passes=1,"
+                         "static_ratio=0.05;pipeline=false' (default none)")
     ap.add_argument("--budget-frac", type=float, default=1 / 3, help="budget as a fraction of the feature file "
                                                                        "(default 1/3)")
     ap.add_argument("--seeds", default="0,1,2", help="training seeds (default 0,1,2)")
@@ -116,13 +141,17 @@ def main(argv=None):
             rows.append({"dataset": label, "policy": "inmemory", "parts": first.num_parts, "n_d": "",
                          "acc": np.mean(ref), "std": np.std(ref), "delta": 0.0})
             print(rows[-1], flush=True)
-            runs = [("hierbatching", parts or k_default, n_d) for parts, n_d in configs]
-            for policy, parts, n_d in runs + ([("outre", args.outre or k_default, 0)] if args.outre >= 0 else []):
+            runs = [("hierbatching", parts or k_default, n_d, {}) for parts, n_d in configs]
+            runs += [("hierbatching", first.num_parts, 0, v) for v in variants(args.hb_variants)]
+            if args.outre >= 0:
+                runs.append(("outre", args.outre or k_default, 0, {}))
+            for policy, parts, n_d, knobs in runs:
                 store = store_for(data, parts, args.data, label)
                 mix, accs, err = run(store, base, seeds, args.data, policy=policy,
-                                     **({"parts_per_megabatch": n_d} if n_d else {}))
+                                     **({"parts_per_megabatch": n_d} if n_d else {}), **knobs)
                 row = {"dataset": label, "policy": policy, "parts": parts,
-                       "n_d": n_d or ("auto" if policy == "hierbatching" else "")}
+                       "n_d": n_d or ("auto" if policy == "hierbatching" else ""),
+                       "knobs": ",".join(f"{k}={v}" for k, v in knobs.items())}
                 if mix:
                     row.update(groups=mix["groups"], parts_mean=mix["parts_mean"], tv_mean=mix["tv_mean"],
                                tv_max=mix["tv_max"], acc=np.mean(accs), std=np.std(accs),

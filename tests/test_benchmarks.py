@@ -40,6 +40,7 @@ SMOKE = {   # toy settings of each benchmark; tmp is a fresh directory
     "io": lambda tmp: ["--size", "32MiB", "--dir", tmp, "--rows", 2048, "--ios", 2048, "--range-mib", 4,
                        "--reps", 3],
     "mixing": lambda tmp: ["--preset", "tiny", "--splits", "given,random", "--configs", "16:2,16:0", "--outre", 16, "--seeds", 0,
+                           "--hb-variants", "static_ratio=0.05;passes=1,pipeline=false",
                            "--epochs", 1, "--batch-size", 256, "--eval-nodes", 100, "--data", tmp],
     "models": lambda tmp: ["--preset", "tiny", "--batches", 2, "--batch-size", 128, "--data", tmp],
     "sampler": lambda tmp: ["--preset", "tiny", "--batches", 3, "--batch-size", 256, "--data", tmp],
