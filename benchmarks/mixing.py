@@ -52,19 +52,23 @@ def store_for(data, parts, root, label):
 
 
 def variants(text) -> list:
-    """[{knob: value}] from 'k=v,k=v;k=v' (values read as JSON where they parse: 0.05, 1, false)."""
-    import json
+    """[{knob: value}] from 'k=v,k=v;k=v', each value read as its setting's type (`widgets.parse_values`,
+    as the sweep widget reads them)."""
+    from oocgnn.config import SETTINGS, TrainConfig
+    from oocgnn.errors import UserError
+    from oocgnn.widgets import parse_values
+    defaults = TrainConfig(store="", policy="hierbatching")
     out = []
     for group in filter(None, (g.strip() for g in text.split(";"))):
         knobs = {}
         for pair in filter(None, (p.strip() for p in group.split(","))):
-            key, sep, value = pair.partition("=")
-            if not sep:
-                raise SystemExit(f"--hb-variants: {pair!r} is not KEY=VALUE")
+            key, sep, value = (part.strip() for part in pair.partition("="))
+            if not sep or key not in SETTINGS:
+                raise SystemExit(f"--hb-variants: {pair!r} is not SETTING=VALUE")
             try:
-                knobs[key.strip()] = json.loads(value)
-            except ValueError:
-                knobs[key.strip()] = value.strip()
+                knobs[key] = parse_values(value, type(defaults.get(key)), key)[0]
+            except UserError as e:
+                raise SystemExit(f"--hb-variants: {e}") from None
         out.append(knobs)
     return out
 
@@ -84,7 +88,8 @@ def run(store, base, seeds, root, **settings):
     accs = []
     for s in seeds:
         knobs = "".join(f"-{k}{v}" for k, v in settings.items() if k not in ("policy", "parts_per_megabatch"))
-        out = Path(root) / "runs" / f"{Path(store.path).name}-{cfg.policy}-{settings.get('parts_per_megabatch', 0)}{knobs}-s{s}"
+        name = f"{Path(store.path).name}-{cfg.policy}-{settings.get('parts_per_megabatch', 0)}{knobs}-s{s}"
+        out = Path(root) / "runs" / name
         accs.append(train(cfg.replace(seed=s, out=str(out), force=True))["test_at_best_val"])
     return mix, accs, ""
 
