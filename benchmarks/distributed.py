@@ -2,9 +2,9 @@
 
 On the store data/<preset>-<partitioner><parts> (prepared when missing), trains with
 `torchrun --standalone --nproc-per-node R -m oocgnn train STORE --distributed` for R = 1 and 2
-(gloo on the CPU, or --device cuda; the same settings), and prints per run: rows and bytes exchanged, mean epoch time, accuracy,
-and the 2-rank / 1-rank epoch-time ratio (on a 2-core machine expect no speed-up: the point is
-correctness and traffic). The 2-rank run's executed traffic is checked against the simulator's.
+(gloo on the CPU, or --device cuda; the same settings), and prints per run: rows and bytes exchanged,
+mean epoch time, accuracy, and the 2-rank / 1-rank epoch-time ratio (on a 2-core machine expect no
+speed-up: the point is correctness and traffic). The 2-rank run's executed traffic is checked against the simulator's.
 Then, from the simulator alone (`distributed.simulate_exchange`: no communication), the rows and
 bytes exchanged per epoch (summed over ranks) for each R in --project-ranks and k in --ks (BatchGNN
 Table 5's direction: larger k, fewer rows).
@@ -85,7 +85,8 @@ def main(argv=None):
         with tempfile.TemporaryDirectory(prefix="oocgnn-dist-") as tmp:
             for ranks in (1, 2):
                 runs[ranks] = run_ranks(store, ranks, Path(tmp) / f"r{ranks}", args)
-        table = pd.DataFrame([{"ranks": r, "device": s["device"], "backend": s["backend"], "policy": s["policy"], "k": s["macrobatch"], "epoch_s": s["epoch_s"],
+        table = pd.DataFrame([{"ranks": r, "device": s["device"], "backend": s["backend"], "policy": s["policy"],
+                               "k": s["macrobatch"], "epoch_s": s["epoch_s"],
                                "rows_exchanged": s["exchange"]["rows_recv"],
                                "lists_exchanged": s["exchange"]["lists_recv"],
                                "MiB_exchanged": round(s["exchange"]["bytes_recv"] / 2**20, 1),

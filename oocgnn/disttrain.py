@@ -267,7 +267,8 @@ def _run(cfg, rank, world, run, device=torch.device("cpu"), grads=None) -> dict:
     summary = {
         "distributed": True, "world": world, "device": str(device),
         "backend": "gloo" if grads is None else "gloo (exchanges), nccl (gradients)",
-        "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None, "policy": cfg.policy, "model": cfg.model, "store": str(store.path),
+        "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+        "policy": cfg.policy, "model": cfg.model, "store": str(store.path),
         "seed": cfg.seed, "epochs": cfg.epochs, "steps": step, "epoch_steps": sum(map(len, plan.chunks(0))),
         "macrobatch": k,
         "train_s": round(max(r["train_s"] for r in ranks), 3),
