@@ -35,18 +35,21 @@ def source(name, preset):
 
 
 def store_for(data, parts, root, label):
-    """A METIS store of `data` (FENNEL when DGL is absent) with `parts` parts, written once."""
-    from oocgnn.partition import order_from_assignment, partition
+    """A METIS store of `data` with `parts` parts, written once. The METIS assignment is cached in
+    `root`/partitions, so a machine without DGL (the GPU box) reuses one computed elsewhere; with
+    neither DGL nor a cached one, FENNEL."""
+    from oocgnn.partition import cache_path, order_from_assignment, partition, CSRSource
     from oocgnn.store import open_store, write_store
-    path = Path(root) / f"{label}-k{parts}"
+    path, cache = Path(root) / f"{label}-k{parts}", Path(root) / "partitions"
     if (path / "meta.json").exists():
         return open_store(path, verify=False)
-    try:
-        import dgl  # noqa: F401
-        method = "metis"
-    except ImportError:
-        method = "fennel"
-    assignment, _ = partition(data, method, parts, seed=0, cache_dir=False)
+    method = "metis"
+    if not cache_path(CSRSource.of(data), method, parts, 0, cache_dir=cache).is_file():
+        try:
+            import dgl  # noqa: F401
+        except ImportError:
+            method = "fennel"
+    assignment, _ = partition(data, method, parts, seed=0, cache_dir=cache)
     order, offsets = order_from_assignment(assignment, parts)
     return write_store(data, path, order=order, part_offsets=offsets, partitioner=method, progress=False)
 
@@ -121,6 +124,7 @@ def main(argv=None):
     ap.add_argument("--lr", type=float, default=0.01, help="Adam learning rate (default 0.01)")
     ap.add_argument("--eval-nodes", type=int, default=2000, help="val/test nodes evaluated per epoch (default 2000)")
     ap.add_argument("--data", default=str(REPO / "data" / "mixing"), help="stores and runs go here (default data/mixing)")
+    ap.add_argument("--device", default="auto", help="where the models train: auto | cpu | cuda (default auto)")
     args = ap.parse_args(argv)
     import numpy as np
     import pandas as pd
@@ -141,7 +145,7 @@ def main(argv=None):
             budget = int(args.budget_frac * first.num_nodes * first.row_stride)
             base = TrainConfig(store=str(first.path), epochs=args.epochs, fanouts=args.fanouts, hidden=args.hidden,
                                batch_size=args.batch_size, lr=args.lr, max_eval_nodes=args.eval_nodes, progress=False,
-                               memory_budget=f"{budget}B")
+                               memory_budget=f"{budget}B", device=args.device)
             _, ref, _ = run(first, base, seeds, args.data, policy="inmemory")
             rows.append({"dataset": label, "policy": "inmemory", "parts": first.num_parts, "n_d": "",
                          "acc": np.mean(ref), "std": np.std(ref), "delta": 0.0})
