@@ -8,6 +8,8 @@ parts store if asked. Each row gives the plan's mixing
 (`oocgnn.mixing`: parts per mega-batch, mean and worst label TV distance; no I/O), test accuracy at
 the best validation step (mean ± std over --seeds) and its difference from inmemory's, and whether
 the run warned. The thresholds of `oocgnn.mixing` (MIN_PARTS, MAX_TV) were read off this table.
+A seed's run already finished under --data with the same settings is reused, not trained again
+(a table re-run after a stop, or with rows added; on the CPU a seed's run is deterministic).
 
     .venv/bin/python benchmarks/mixing.py --datasets cora,citeseer,amazon_photo,coauthor_cs \\
         --configs 16:2,64:8,128:16,256:32 --seeds 0,1,2 --epochs 50
@@ -93,8 +95,24 @@ def run(store, base, seeds, root, **settings):
         knobs = "".join(f"-{k}{v}" for k, v in settings.items() if k not in ("policy", "parts_per_megabatch"))
         name = f"{Path(store.path).name}-{cfg.policy}-{settings.get('parts_per_megabatch', 0)}{knobs}-s{s}"
         out = Path(root) / "runs" / name
-        accs.append(train(cfg.replace(seed=s, out=str(out), force=True))["test_at_best_val"])
+        summary = finished(out, cfg.replace(seed=s, out=str(out), force=True), store)
+        accs.append((summary or train(cfg.replace(seed=s, out=str(out), force=True)))["test_at_best_val"])
     return mix, accs, ""
+
+
+def finished(out, cfg, store):
+    """The summary of a run finished in `out` with the same settings, after the store was written (a table
+    re-run after a stop or with more rows reuses it: on the CPU a seed's run is deterministic), else None."""
+    import json
+    try:
+        saved = json.loads((out / "config.json").read_text())
+        summary = json.loads((out / "summary.json").read_text())
+    except (OSError, ValueError):
+        return None
+    now = {k: v for k, v in cfg.to_dict().items() if k not in ("out", "force", "progress")}
+    same = all(saved.get(k) == v or v == "auto" for k, v in now.items())   # "auto": resolved from the rest
+    older = (Path(store.path) / "meta.json").stat().st_mtime < (out / "summary.json").stat().st_mtime
+    return summary if same and older else None     # a store written again since: run again
 
 
 def main(argv=None):

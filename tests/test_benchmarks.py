@@ -71,3 +71,24 @@ def test_every_benchmark_has_a_smoke_run():
 def test_benchmark_runs_at_toy_size(path, tmp_path):
     out = _run(path, *SMOKE[path.stem](tmp_path))
     assert "load" in out, "every benchmark reports the machine load beside its numbers"
+
+
+def test_mixing_reuses_a_finished_run_only_with_the_same_settings(tmp_path):
+    """A table re-run (after a stop, or with rows added) takes each seed's finished run from its run
+    directory instead of training it again; a changed setting, or a store written since, trains again."""
+    path = next(p for p in BENCHMARKS if p.stem == "mixing")
+    args = ["--preset", "tiny", "--splits", "given", "--configs", "16:0", "--seeds", 0, "--epochs", 1,
+            "--batch-size", 256, "--eval-nodes", 100, "--data", tmp_path]
+    _run(path, *args)
+    summaries = sorted((tmp_path / "runs").glob("*/summary.json"))
+    assert len(summaries) == 2                                    # inmemory and hierbatching, seed 0
+    before = {p: p.stat().st_mtime_ns for p in summaries}
+    first = _run(path, *args)
+    assert {p: p.stat().st_mtime_ns for p in summaries} == before
+    _run(path, *args[:-2], "--lr", 0.02, "--data", tmp_path)
+    assert all(p.stat().st_mtime_ns != t for p, t in before.items())
+    (tmp_path / "synthetic-given-k16" / "meta.json").touch()
+    before = {p: p.stat().st_mtime_ns for p in summaries}
+    _run(path, *args[:-2], "--lr", 0.02, "--data", tmp_path)
+    assert all(p.stat().st_mtime_ns != t for p, t in before.items())
+    assert "inmemory" in first
