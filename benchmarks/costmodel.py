@@ -127,11 +127,16 @@ def main(argv=None):
             stages = {k: (pred[k] * scale, steady_epoch_s(s, skip, f"{k}_s")) for k in ("sample", "gather", "compute")}
             rows[-1].update({f"{k}_pred_s": a for k, (a, _) in stages.items()})
             rows[-1].update({f"{k}_meas_s": b for k, (_, b) in stages.items()})
+            # the loads' processor time (residency copies, a group's subgraph), an epoch's: measured by thread_time
+            st = s["stage_s"]
+            bg_meas = (st.get("bg_load_cpu", 0.0) + st.get("bg_subgraph_cpu", 0.0)) * s["epoch_steps"] / max(s["steps"], 1)
+            rows[-1].update(load_cpu_pred_s=pred["load_cpu"] * scale, load_cpu_meas_s=bg_meas)
             print(f"  {name:<14} predicted {pred['epoch_s']:8.2f} s  measured {measured:8.2f} s  "
                   f"ratio {check['ratio']:.2f}  load {load}\n{'':16} " +
                   "  ".join(f"{k} {a:.2f}/{b:.2f}" for k, (a, b) in stages.items()) +
                   f"  (predicted/measured s); predicted reads {pred['read'] * scale:.2f}, loads "
-                  f"{pred['load'] * scale:.2f} + CPU {pred['load_cpu'] * scale:.2f} s", flush=True)
+                  f"{pred['load'] * scale:.2f} + CPU {pred['load_cpu'] * scale:.2f} s (measured CPU {bg_meas:.2f} s)",
+                  flush=True)
     df = pd.DataFrame(rows)
     if df.empty:
         raise SystemExit("no configuration fits the budget")
