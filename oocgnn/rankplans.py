@@ -94,15 +94,16 @@ class MegabatchPlan:
 
     def _n_d(self, rank, check=False) -> int:
         """N_d of `rank`: --parts-per-megabatch, or the most of its parts (the largest) that fit the budget
-        beside its static rows (computable for every rank: every rank's batch count is known to all)."""
+        beside its static rows, counted twice: held, and copied into each mega-batch's rows (computable for
+        every rank: every rank's batch count is known to all)."""
         offsets = self._offsets(rank)
         static = int(self.static_ratio * (offsets[-1] - offsets[0]))
         sizes = np.sort(np.diff(offsets))[::-1]
-        room = self.cfg.memory_budget_bytes // self.data.row_bytes - static
+        room = self.cfg.memory_budget_bytes // self.data.row_bytes - 2 * static
         fit = int(np.searchsorted(np.cumsum(sizes), room, side="right"))
         want = int(self.cfg.get("parts_per_megabatch"))
         if check and (fit < 1 or (want and want > fit)):
-            need = (int(sizes[:max(want, 1)].sum()) + static) * self.data.row_bytes
+            need = (int(sizes[:max(want, 1)].sum()) + 2 * static) * self.data.row_bytes
             raise UserError(f"hierbatching on rank {rank}: {max(want, 1)} of its parts and its static rows need "
                             f"{need} bytes, more than --memory-budget {self.cfg.memory_budget_bytes} (per rank): "
                             "raise it, or lower --parts-per-megabatch or --static-ratio")

@@ -375,8 +375,9 @@ def test_hierbatching_per_rank_trains_inside_its_own_megabatches(fennel16, passe
     from oocgnn.rankplans import make_rank_plan
     from oocgnn.sampler import Sampler
     from oocgnn.shards import RankData
+    # r_s 0.05 of a rank's 2,500 rows: its static rows are held and copied into each mega-batch's rows
     cfg = TrainConfig.create(store=str(fennel16.path), policy="hierbatching", batch_size=64, fanouts="5,5",
-                             passes=passes, memory_budget="200KB", progress=False)
+                             passes=passes, static_ratio=0.05, memory_budget="400KB", progress=False)
     oracle, counts = fennel16.reader("memory"), []
     for rank in range(2):
         data = RankData.open(fennel16.path, 2, rank)
