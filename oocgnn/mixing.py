@@ -115,7 +115,9 @@ def default_parts(num_nodes, num_edges, feat_dim, budget=None, static_ratio=0.01
     """`oocgnn prepare`'s K for a partitioned store: enough parts that a HierBatching mega-batch at
     `budget` (default: the run's default `--memory-budget`) holds TARGET_PARTS of them, i.e. K = target /
     r_d with r_d from HierBatching App. B's rule 2(r_s + r_d)(A + B) <= C (A, B the feature and
-    topology bytes); parts of at most MAX_PART_NODES and at least MIN_PART_NODES nodes."""
+    topology bytes; r_s the paper's 0.01, kept when the run's default became `policies.static_ratio_for`'s,
+    so that stores prepared before keep their K); parts of at most MAX_PART_NODES and at least
+    MIN_PART_NODES nodes."""
     import math
     from .io import feature_row_stride
     if budget is None:

@@ -119,7 +119,7 @@ def test_prepare_chooses_parts_that_a_mega_batch_holds_many_of():
     n, e, d, budget = 10_000_000, 200_000_000, 128, 256 * 10**6
     k = default_parts(n, e, d, budget)
     a, b = n * 512, (n + 1) * 8 + e * 4                                     # 128 floats: a 512-byte stride
-    r_d = budget / (2 * (a + b)) - HierBatchingPlan.Options().static_ratio
+    r_d = budget / (2 * (a + b)) - 0.01                                     # the paper's r_s (default_parts')
     assert k >= n / MAX_PART_NODES and round(r_d * k) >= TARGET_PARTS
 
 
@@ -127,3 +127,24 @@ def test_simulate_carries_the_plans_mixing(by_label, tmp_path):
     from oocgnn.simulate import simulate
     plan = make_plan(by_label, _cfg(by_label, tmp_path, policy="hierbatching", parts_per_megabatch=3))
     assert simulate(by_label, plan, steps=2, progress=False).attrs["mixing"] == mixing(plan)
+
+
+def test_the_default_static_ratio_is_five_percent_capped_at_a_share_of_the_budget(fennel16, tmp_path):
+    """--static-ratio auto: r_s = 0.05 where the budget holds a third of the features or more, else
+    STATIC_SHARE of the budget's share (so the static rows never take more than that of the budget);
+    a number given on the command line is that number."""
+    from oocgnn.errors import UserError
+    from oocgnn.policies import STATIC_SHARE, static_ratio_for
+    a = fennel16.num_nodes * fennel16.row_stride
+    assert static_ratio_for(a // 3 + 3, a) == 0.05 and static_ratio_for(a, a) == 0.05
+    assert static_ratio_for(a // 20, a) == pytest.approx(STATIC_SHARE / 20, rel=1e-3)
+    for budget in (a // 2, a, 2 * a):     # the tiny graph's overheads leave no room for a mega-batch below a / 2
+        plan = make_plan(fennel16, _cfg(fennel16, tmp_path, policy="hierbatching", memory_budget=f"{budget}B"))
+        r_s = static_ratio_for(plan.budget, a)
+        assert plan.static_ratio == r_s and plan.setup_rows() == int(r_s * fennel16.num_nodes)
+        assert len(plan.schedule.static_ids) == plan.setup_rows() and plan.rule()["r_s"] == r_s
+        assert plan.setup_rows() * fennel16.row_stride <= STATIC_SHARE * plan.budget
+    given = make_plan(fennel16, _cfg(fennel16, tmp_path, policy="hierbatching", static_ratio="0.02"))
+    assert given.static_ratio == 0.02 and given.setup_rows() == int(0.02 * fennel16.num_nodes)
+    with pytest.raises(UserError, match="static_ratio is a fraction"):
+        _cfg(fennel16, tmp_path, policy="hierbatching", static_ratio="many")
