@@ -238,6 +238,18 @@ class MmapPlan(Plan):
     name, source, reader, budgeted, exact_io = "mmap", "PyG+/DGL over mmap", "mmap", False, False
 
 
+def fraction_or_auto(name, value):
+    """A setting that is a fraction in [0, 1] or "auto": the number (from the CLI's text too), or "auto"."""
+    if isinstance(value, str) and value != "auto":
+        try:
+            value = float(value)
+        except ValueError:
+            raise UserError(f"{name} is a fraction in [0, 1] or auto, got {value!r}") from None
+    if value != "auto" and not 0 <= value <= 1:
+        raise UserError(f"{name} is a fraction in [0, 1] or auto, got {value}")
+    return value
+
+
 STATIC_RATIO, STATIC_SHARE = 0.05, 0.15
 
 
@@ -274,14 +286,7 @@ class HierBatchingPlan(Plan):
             if self.parts_per_megabatch < 0:
                 raise UserError(f"parts_per_megabatch must be >= 1 (0: the most the budget holds), "
                                 f"got {self.parts_per_megabatch}")
-            if isinstance(self.static_ratio, str) and self.static_ratio != "auto":     # the CLI's text
-                try:
-                    self.static_ratio = float(self.static_ratio)
-                except ValueError:
-                    raise UserError(f"static_ratio is a fraction in [0, 1] or auto, got {self.static_ratio!r}") \
-                        from None
-            if self.static_ratio != "auto" and not 0 <= self.static_ratio <= 1:
-                raise UserError(f"static_ratio is a fraction in [0, 1] or auto, got {self.static_ratio}")
+            self.static_ratio = fraction_or_auto("static_ratio", self.static_ratio)
             if self.passes < 1:
                 raise UserError(f"passes must be >= 1 (every training node at least once), got {self.passes}")
             if self.static_scope not in ("adjacent", "all"):
@@ -406,14 +411,7 @@ class OutrePlan(Plan):
                 raise UserError(f"parts_per_macro must be >= 1, got {self.parts_per_macro}")
             if self.feature_cache not in ("degree", "frequency"):
                 raise UserError(f"feature_cache must be degree or frequency, got {self.feature_cache!r}")
-            if isinstance(self.history_ratio, str) and self.history_ratio != "auto":   # the CLI's text
-                try:
-                    self.history_ratio = float(self.history_ratio)
-                except ValueError:
-                    raise UserError(f"history_ratio is a fraction in [0, 1] or auto, got {self.history_ratio!r}") \
-                        from None
-            if self.history_ratio != "auto" and not 0 <= self.history_ratio <= 1:
-                raise UserError(f"history_ratio is a fraction in [0, 1] or auto, got {self.history_ratio}")
+            self.history_ratio = fraction_or_auto("history_ratio", self.history_ratio)
             if self.history_by not in ("importance", "degree"):
                 raise UserError(f"history_by must be importance or degree, got {self.history_by!r}")
             if self.staleness < 1:
