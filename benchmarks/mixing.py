@@ -109,10 +109,21 @@ def finished(out, cfg, store):
         summary = json.loads((out / "summary.json").read_text())
     except (OSError, ValueError):
         return None
-    now = {k: v for k, v in cfg.to_dict().items() if k not in ("out", "force", "progress")}
-    same = all(saved.get(k) == v or v == "auto" for k, v in now.items())   # "auto": resolved from the rest
+    from oocgnn.policies import POLICIES
+    now = {k: v for k, v in cfg.to_dict().items() if k not in ("out", "force", "progress")
+           and (k not in POLICIES or k == cfg.policy)}           # other policies' options do not touch this run
+    same = _same(saved, now)
     older = (Path(store.path) / "meta.json").stat().st_mtime < (out / "summary.json").stat().st_mtime
     return summary if same and older else None     # a store written again since: run again
+
+
+RESOLVED = ("topology", "device")     # saved as the run resolved them: "auto" asked matches what it became
+
+
+def _same(saved, now) -> bool:
+    """Whether a saved config has the settings `now` asks for (a policy's options exactly: its "auto" is
+    saved as "auto", and one saved as a number was another default)."""
+    return all(saved.get(k) == v or (k in RESOLVED and v == "auto") for k, v in now.items())
 
 
 def main(argv=None):
