@@ -188,8 +188,9 @@ def test_ranks_on_a_gpu_train_as_on_the_cpu(fennel16, tmp_path):
 @pytest.mark.slow
 def test_hierbatching_per_rank_learns_and_exchanges_nothing_but_gradients(fennel16, tmp_path):
     one = _torchrun(fennel16.path, 1, tmp_path / "one", "--epochs", 15)
+    # r_s pinned at the paper's 0.01, where the 3-point tolerance was set (the two runs sample differently)
     hb = _torchrun(fennel16.path, 2, tmp_path / "hb", "--epochs", 15, "--policy", "hierbatching",
-                   "--memory-budget", "800KB", "--passes", 1)
+                   "--memory-budget", "800KB", "--passes", 1, "--static-ratio", 0.01)
     assert hb["exchange"]["rows_recv"] == 0 and hb["exchange"]["lists_recv"] == 0
     assert hb["steps"] >= one["steps"]         # batches cut per mega-batch (and per pass): a few more
     assert all(r["plan"]["parts_per_megabatch"] >= 1 for r in hb["ranks"])
@@ -197,7 +198,7 @@ def test_hierbatching_per_rank_learns_and_exchanges_nothing_but_gradients(fennel
     from oocgnn.train import train
     single = train(TrainConfig.create(store=str(fennel16.path), policy="hierbatching", epochs=15, batch_size=64,
                                       fanouts="5,5", max_eval_nodes=0, memory_budget="1600KB", passes=1.0,
-                                      progress=False, out=str(tmp_path / "single")))
+                                      static_ratio=0.01, progress=False, out=str(tmp_path / "single")))
     assert hb["best_val_acc"] > 0.5 and abs(hb["test_at_best_val"] - single["test_at_best_val"]) <= 0.03
     assert one["test_at_best_val"] - hb["test_at_best_val"] <= 0.08     # mega-batches of few parts cost a little
 
@@ -372,6 +373,7 @@ def test_hierbatching_per_rank_trains_inside_its_own_megabatches(fennel16, passe
     (floor(p) passes, then part of one more); a batch's sample stays inside its mega-batch ∪ static rows,
     all the rank's own, whose gathered rows are the store's; the mega-batch fits the budget."""
     from oocgnn.config import TrainConfig
+    from oocgnn.policies import static_ratio_for
     from oocgnn.rankplans import make_rank_plan
     from oocgnn.sampler import Sampler
     from oocgnn.shards import RankData
@@ -401,5 +403,8 @@ def test_hierbatching_per_rank_trains_inside_its_own_megabatches(fennel16, passe
             np.testing.assert_array_equal(gather(sample.input_nodes).numpy(), oracle.read_rows(sample.input_nodes))
         assert plan.peak_rows * data.row_bytes <= cfg.memory_budget_bytes
     assert counts[0] == counts[1] >= int(np.ceil(passes * steps_per_epoch(len(fennel16.train_idx), 64)))
+    auto = make_rank_plan(cfg.replace(static_ratio="auto"), data, None, lists,
+                          Sampler(lists, [5, 5], 0), None)        # of the rank's budget and rows
+    assert auto.static_ratio == static_ratio_for(400_000, (data.hi - data.lo) * data.row_bytes) < 0.05
     with pytest.raises(UserError, match="memory-budget"):
         make_rank_plan(cfg.replace(memory_budget="4KB"), RankData.open(fennel16.path, 2, 0), None, lists, None, None)
