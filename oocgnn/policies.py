@@ -258,8 +258,8 @@ def static_ratio_for(budget, feature_bytes) -> float:
     rows would take over STATIC_SHARE of the budget (a third of the feature file gives exactly 0.05).
     The paper's 0.01 (Table 5) lost 1.2 points to inmemory on cora's random 10/10/80 split at a budget of a
     third of the features (3 seeds, issue 20's protocol, `benchmarks/mixing.py`); 0.05 lost 0.7 there and
-    did no worse on citeseer, amazon_photo and coauthor_cs. The cap keeps small budgets for the mega-batches
-    (at 5 % of the features, r_s = 0.0075, near the paper's value)."""
+    did no worse, beyond a seed's spread, on citeseer's and amazon_photo's splits and coauthor_cs's given one.
+    The cap leaves small budgets to the mega-batches (at 5 % of the features r_s = 0.0075, near the paper's)."""
     return min(STATIC_RATIO, STATIC_SHARE * budget / max(int(feature_bytes), 1))
 
 
