@@ -95,8 +95,8 @@ def run(store, base, seeds, root, **settings):
         knobs = "".join(f"-{k}{v}" for k, v in settings.items() if k not in ("policy", "parts_per_megabatch"))
         name = f"{Path(store.path).name}-{cfg.policy}-{settings.get('parts_per_megabatch', 0)}{knobs}-s{s}"
         out = Path(root) / "runs" / name
-        summary = finished(out, cfg.replace(seed=s, out=str(out), force=True), store)
-        accs.append((summary or train(cfg.replace(seed=s, out=str(out), force=True)))["test_at_best_val"])
+        run_cfg = cfg.replace(seed=s, out=str(out), force=True)
+        accs.append((finished(out, run_cfg, store) or train(run_cfg))["test_at_best_val"])
     return mix, accs, ""
 
 

@@ -263,6 +263,11 @@ def static_ratio_for(budget, feature_bytes) -> float:
     return min(STATIC_RATIO, STATIC_SHARE * budget / max(int(feature_bytes), 1))
 
 
+def resolve_static_ratio(asked, budget, feature_bytes) -> float:
+    """r_s for a `--static-ratio` setting: the number asked, or (auto) `static_ratio_for` the budget."""
+    return static_ratio_for(budget, feature_bytes) if asked == "auto" else float(asked)
+
+
 class HierBatchingPlan(Plan):
     """HierBatching (Alg. 1): mega-batches of N_d parts + static cache, p passes, pipelined loads.
     On a disk topology a mega-batch's lists load with its features (sequential reads of its parts'
@@ -349,8 +354,8 @@ class HierBatchingPlan(Plan):
     @property
     def static_ratio(self) -> float:
         """r_s: --static-ratio, or (auto) `static_ratio_for` this budget and feature file."""
-        r_s = self.options.static_ratio
-        return static_ratio_for(self.budget, self.store.num_nodes * self.store.row_stride) if r_s == "auto" else r_s
+        feature_bytes = self.store.num_nodes * self.store.row_stride
+        return resolve_static_ratio(self.options.static_ratio, self.budget, feature_bytes)
 
     def setup_rows(self):
         return int(self.static_ratio * self.store.num_nodes)

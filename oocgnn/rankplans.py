@@ -25,7 +25,7 @@ import torch
 from .distributed import batch_key, fetch_macrobatch, rank_batches, sample_macrobatch, steps_per_epoch
 from .errors import UserError
 from .io import range_chunks
-from .policies import static_ratio_for
+from .policies import resolve_static_ratio
 
 RANK_POLICIES = ("inmemory", "macrobatch", "hierbatching")
 
@@ -74,9 +74,9 @@ class MegabatchPlan:
 
     def __init__(self, cfg, data, lists, sampler):
         self.cfg, self.data, self.lists, self.sampler = cfg, data, lists, sampler
-        self.passes, r_s = float(cfg.get("passes")), cfg.get("static_ratio")
-        self.static_ratio = static_ratio_for(cfg.memory_budget_bytes, (data.hi - data.lo) * data.row_bytes) \
-            if r_s == "auto" else float(r_s)          # auto: of the rank's budget and rows
+        self.passes = float(cfg.get("passes"))
+        self.static_ratio = resolve_static_ratio(cfg.get("static_ratio"), cfg.memory_budget_bytes,
+                                                 (data.hi - data.lo) * data.row_bytes)   # auto: the rank's
         self.batch_size = max(1, -(-cfg.batch_size // data.world))      # the global batch, split over ranks
         self.part_offsets = np.asarray(data.part_offsets, dtype=np.int64)
         self.offsets = self._offsets(data.rank)
