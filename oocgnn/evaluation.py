@@ -14,7 +14,8 @@ and with full neighbourhoods at any batch size (the oracle tests).
 Reads: the input rows (layer 0's sources) are read once per evaluation, sorted in store order, in
 chunks of `read_chunk` bytes (`rows(ids)`: coalesced direct reads, outside the run's I/O accounting).
 Memory: the blocks (kept across evaluations: the neighbourhoods do not change), the input rows and
-each layer's embeddings; a table that does not fit what `budget` leaves is spilled to a temporary file.
+each layer's embeddings; a table that does not fit what `budget` leaves is spilled to an unnamed
+temporary file (in $TMPDIR; gone with the process, even a killed one).
 """
 from __future__ import annotations
 
@@ -39,8 +40,9 @@ class _Table:
             self.rows = torch.empty((len(ids), self.dim), dtype=torch.float32)
             self._file = None
         else:
-            self._file = tempfile.NamedTemporaryFile(prefix="oocgnn-eval-", suffix=".bin")
-            self.rows = np.memmap(self._file.name, np.float32, "w+", shape=(max(1, len(ids)), self.dim))
+            # unnamed (O_TMPFILE where the OS has it): no file outlives a killed process
+            self._file = tempfile.TemporaryFile(prefix="oocgnn-eval-", suffix=".bin")
+            self.rows = np.memmap(self._file, np.float32, "w+", shape=(max(1, len(ids)), self.dim))
 
     @property
     def nbytes(self) -> int:

@@ -87,3 +87,17 @@ def test_each_input_row_read_once_in_store_order(setting):
     calls.clear()
     ev.logits(model)
     assert np.array_equal(np.concatenate(calls), read)
+
+
+def test_a_spilled_table_leaves_no_file_behind(tmp_path, monkeypatch):
+    """A spilled table lives in an unnamed temporary file: nothing in the temporary directory while it is
+    open, so a killed run (no cleanup) leaves no 500 MB file behind; its rows read back as written."""
+    import tempfile
+    from oocgnn.evaluation import _Table
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    table = _Table(np.arange(50), 8, in_ram=False)
+    values = torch.arange(400, dtype=torch.float32).reshape(50, 8)
+    table.write(0, values)
+    assert list(tmp_path.iterdir()) == []
+    torch.testing.assert_close(table.take(np.array([3, 49, 0])), values[[3, 49, 0]])
+    table.close()
