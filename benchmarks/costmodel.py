@@ -1,8 +1,10 @@
 """Predicted vs measured epoch time of every policy (`oocgnn.costmodel`), in one run.
 
 Uses (or prepares) the partition-ordered store data/<preset>-fennel-<K> (as benchmarks/train.py),
-measures this disk's rates and calibrates the per-batch CPU costs (short inmemory and HierBatching
-runs), then for each configuration: predicts an epoch's time from the simulator's exact I/O (of the
+measures this disk's rates (again before each configuration's run, unless --disk-once: a virtual
+disk's random rate follows its host's cache, 7.5-9.4K reads/s on a file untouched for weeks against
+50-65K on one read minutes ago, measured here) and calibrates the per-batch CPU costs (short inmemory
+and HierBatching runs), then for each configuration: predicts an epoch's time from the simulator's exact I/O (of the
 first `--steps` batches, extrapolated; 0: a whole epoch), and trains it in a fresh process; the
 measured epoch time is the steady state (`steady_epoch_s`: the second of two epochs, or with --steps
 the steps after a fresh process's first few, extrapolated). Prints a table
@@ -42,6 +44,16 @@ def steady_epoch_s(summary, skip=0, column="seconds"):
     return float(per[column].iloc[skip:].mean() * summary["epoch_steps"])
 
 
+def measure_disk(store, cache, indent=""):
+    """The disk's rates, measured now (not the cached ones), printed."""
+    from oocgnn import costmodel
+    t = time.perf_counter()
+    rates = costmodel.measure_disk(store, cache=cache, refresh=True)
+    print(f"{indent}disk: sequential {rates.seq_bytes_s / 1e6:.0f} MB/s, random 4 KiB {rates.iops:,.0f}/s in flight, "
+          f"{rates.iops_qd1:,.0f}/s one at a time ({time.perf_counter() - t:.1f} s)", flush=True)
+    return rates
+
+
 def loadavg():
     return " ".join(open("/proc/loadavg").read().split()[:3])
 
@@ -64,6 +76,10 @@ def main(argv=None):
     ap.add_argument("--data", default=str(REPO / "data"), help="data directory")
     ap.add_argument("--cache-dir", default="", help="where disk rates and calibrations are cached "
                                                    "(default $OOCGNN_CACHE or ~/.cache/oocgnn)")
+    ap.add_argument("--disk-once", dest="disk_each", action="store_false",
+                    help="measure the disk's rates once, at the start, not again before each configuration's run "
+                         "(a virtual disk's rates follow its host's cache: a file read minutes ago reads randomly "
+                         "several times faster than one untouched for days, so a run's rates are those of its time)")
     ap.add_argument("--out", default="", help="write <out>.csv and <out>.png (default: print only)")
     args = ap.parse_args(argv)
 
@@ -82,10 +98,7 @@ def main(argv=None):
     base["parts_per_megabatch"] = bench_train.choose_megabatch(store, base)
     cache = args.cache_dir or None
     print(f"store {store.path}: {store.num_nodes:,} nodes, budget {args.budget}, load {loadavg()}", flush=True)
-    t = time.perf_counter()
-    rates = costmodel.measure_disk(store, cache=cache, refresh=True)
-    print(f"disk: sequential {rates.seq_bytes_s / 1e6:.0f} MB/s, random 4 KiB {rates.iops:,.0f}/s in flight, "
-          f"{rates.iops_qd1:,.0f}/s one at a time ({time.perf_counter() - t:.1f} s)", flush=True)
+    rates = measure_disk(store, cache)
     costs = costmodel.calibrate(store, TrainConfig.create(**base), cache=cache, refresh=True)
     print(f"calibration ({costs.steps} inmemory steps): sample {costs.sample_step_s * 1e3:.2f} ms/step + "
           f"{costs.sample_s * 1e9:.0f} ns/expanded node, gather {costs.gather_step_s * 1e3:.2f} ms/step + "
@@ -112,6 +125,8 @@ def main(argv=None):
                 skip = max(SKIP, first if first < args.steps else 0)
                 cfg = cfg.replace(max_steps=args.steps + skip)
                 plan = make_plan(store, cfg)
+            if args.disk_each:
+                rates = measure_disk(store, cache, indent="  ")
             pred = costmodel.predict(store, plan, rates, costs, steps=args.steps + skip if args.steps else None)
             load = loadavg()
             s = train_fresh(cfg)
@@ -121,7 +136,8 @@ def main(argv=None):
                          "predicted_s": pred["epoch_s"], "measured_s": measured, "ratio": check["ratio"],
                          "within": check["within"], "cpu_s": pred["sample"] + pred["gather"] + pred["compute"],
                          "read_s": pred["read"], "load_s": pred["load"], "fg_s": pred["fg"], "bg_s": pred["bg"],
-                         "exact_io": pred["exact_io"], "measured_stages": s["stage_s"], "load": load})
+                         "exact_io": pred["exact_io"], "measured_stages": s["stage_s"], "load": load,
+                         "disk_iops": rates.iops, "disk_iops_qd1": rates.iops_qd1})
             # where a miss comes from: each foreground stage, predicted (an epoch's) and measured (steady)
             scale = pred["epoch_s"] / max(pred["seconds"], 1e-12)
             stages = {k: (pred[k] * scale, steady_epoch_s(s, skip, f"{k}_s")) for k in ("sample", "gather", "compute")}
