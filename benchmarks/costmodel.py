@@ -76,7 +76,7 @@ def main(argv=None):
     ap.add_argument("--data", default=str(REPO / "data"), help="data directory")
     ap.add_argument("--cache-dir", default="", help="where disk rates and calibrations are cached "
                                                    "(default $OOCGNN_CACHE or ~/.cache/oocgnn)")
-    ap.add_argument("--disk-once", dest="disk_each", action="store_false",
+    ap.add_argument("--disk-once", action="store_true",
                     help="measure the disk's rates once, at the start, not again before each configuration's run "
                          "(a virtual disk's rates follow its host's cache: a file read minutes ago reads randomly "
                          "several times faster than one untouched for days, so a run's rates are those of its time)")
@@ -125,7 +125,7 @@ def main(argv=None):
                 skip = max(SKIP, first if first < args.steps else 0)
                 cfg = cfg.replace(max_steps=args.steps + skip)
                 plan = make_plan(store, cfg)
-            if args.disk_each:
+            if not args.disk_once:
                 rates = measure_disk(store, cache, indent="  ")
             pred = costmodel.predict(store, plan, rates, costs, steps=args.steps + skip if args.steps else None)
             load = loadavg()
