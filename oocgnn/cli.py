@@ -165,7 +165,7 @@ def _cmd_tune(args):
         if unknown:
             raise UserError(f"unknown policies {', '.join(unknown)}; choose from {', '.join(POLICIES)}")
     tune(cfg, out, top=args.top, time_limit=args.time_limit, predict_steps=args.predict_steps or None,
-         policies=policies, cache=args.cache_dir or None, progress=cfg.progress)
+         policies=policies, cache=args.cache_dir or None, progress=cfg.progress, remeasure_disk=args.remeasure_disk)
 
 
 def _cmd_report(args):
@@ -312,6 +312,10 @@ def build_parser() -> argparse.ArgumentParser:
     tu.add_argument("--policies", default="", help="only these policies, comma-separated (default: all)")
     tu.add_argument("--cache-dir", default="", help="where disk rates and calibrations are kept "
                                                      "(default $OOCGNN_CACHE or ~/.cache/oocgnn)")
+    tu.add_argument("--remeasure-disk", action="store_true",
+                    help="measure the disk's rates now, not the cached ones (a virtual disk's random reads run "
+                         "several times faster on a file its host read minutes ago than on one untouched for "
+                         "days; default: off, the rates measured once per device)")
     tu.set_defaults(func=_cmd_tune)
 
     rp = sub.add_parser("report", help="time-to-accuracy CSV and plot of runs",

@@ -147,9 +147,10 @@ def run_candidates(cfg, ranking, which, out, seconds=0.0, log=print) -> pd.DataF
 
 
 def tune(cfg, out, top=3, time_limit=0.0, predict_steps=None, policies=None, cache=None, progress=True,
-         log=print) -> dict:
+         log=print, remeasure_disk=False) -> dict:
     """Rank every candidate under `cfg`'s budget, train the `top` fastest predicted, write the choice to
-    `out` (see the module docstring) and return {chosen, ranking, config}."""
+    `out` (see the module docstring) and return {chosen, ranking, config}. `remeasure_disk`: measure the
+    disk's rates now instead of taking the cached ones (a virtual disk's random rate follows its host's cache)."""
     from .costmodel import calibrate, measure_disk
     from .store import open_store
     if top < 1:
@@ -162,8 +163,9 @@ def tune(cfg, out, top=3, time_limit=0.0, predict_steps=None, policies=None, cac
     out.mkdir(parents=True, exist_ok=True)
     store = open_store(cfg.store)
     t0 = time.perf_counter()
-    rates = measure_disk(store, cache=cache)
-    log(f"disk: {rates.seq_bytes_s / 1e6:.0f} MB/s sequential, {rates.iops:,.0f} random 4 KiB reads/s in flight, "
+    rates = measure_disk(store, cache=cache, refresh=remeasure_disk)
+    log(f"disk{'' if remeasure_disk else ' (cached per device; --remeasure-disk to measure it now)'}: "
+        f"{rates.seq_bytes_s / 1e6:.0f} MB/s sequential, {rates.iops:,.0f} random 4 KiB reads/s in flight, "
         f"{rates.iops_qd1:,.0f}/s one at a time")
     costs = calibrate(store, cfg, cache=cache)
     log(f"calibrated {cfg.model} (hidden {cfg.hidden}, fanouts {cfg.fanouts}, batch {cfg.batch_size}) "

@@ -80,6 +80,25 @@ def test_tune_writes_a_choice_that_trains(fennel16, tmp_path, capsys):
     assert config["policy"] == chosen["policy"] and config[chosen["policy"]] == chosen[chosen["policy"]]
 
 
+def test_tune_takes_the_cached_disk_rates_unless_asked_to_remeasure(fennel16, tmp_path, capsys):
+    """Disk rates are cached per device; --remeasure-disk measures them again (and caches the new ones)."""
+    from oocgnn.costmodel import CACHE_VERSION, _device_key
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    key = _device_key(fennel16.features_path)
+    stale = {"seq_bytes_s": 1e6, "iops": 1.0, "iops_qd1": 1.0, "device": key}
+    (cache / "disk-rates.json").write_text(json.dumps({"version": CACHE_VERSION, key: stale}))
+    args = ["tune", str(fennel16.path), "--memory-budget", "2MB", "--epochs", "1", "--top", "1",
+            "--batch-size", "256", "--fanouts", "5,5", "--max-eval-nodes", "64", "--no-progress",
+            "--policies", "outre", "--cache-dir", str(cache)]
+    assert main(args + ["--out", str(tmp_path / "cached")]) == 0, capsys.readouterr().err
+    assert json.loads((tmp_path / "cached" / "tune.json").read_text())["disk"]["iops"] == 1.0
+    assert main(args + ["--out", str(tmp_path / "now"), "--remeasure-disk"]) == 0, capsys.readouterr().err
+    measured = json.loads((tmp_path / "now" / "tune.json").read_text())["disk"]
+    assert measured["iops"] > 100 and measured["seq_bytes_s"] > 1e6
+    assert json.loads((cache / "disk-rates.json").read_text())[key]["iops"] == measured["iops"]
+
+
 def test_train_config_file_and_overrides(fennel16, tmp_path, capsys):
     first = tmp_path / "a"
     assert main(["train", str(fennel16.path), "--policy", "hierbatching", "--parts-per-megabatch", "4",
