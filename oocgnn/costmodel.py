@@ -37,7 +37,7 @@ import pandas as pd
 from .errors import UserError
 from .io import PAGE
 
-CACHE_VERSION = 6
+CACHE_VERSION = 7
 
 
 def cache_dir(path=None) -> Path:
@@ -168,14 +168,18 @@ class StepCosts:
     key: str = ""
     compute_unit: str = "rows"
     bucket_edge_s: float = 0.0    # a buffer state's subgraph from its edge buckets, per edge (MariusGNN)
+    slot_row_s: float = 0.0       # a partition read whole into a buffer slot, per row beyond its read (MariusGNN)
 
     def load_seconds(self, df, plan=None) -> np.ndarray:
         """Per-batch CPU seconds of the residency changes made before it (their reads apart), and of the
         subgraph a `plan` that samples inside each group builds for it: induced on the group's nodes
-        (per node), or from a partition buffer's edge buckets (per edge of the state, `_state_edges`)."""
-        load = self.load_row_s * df["load_feature_rows"].to_numpy(float)
+        (per node), or from a partition buffer's edge buckets (per edge of the state, `_state_edges`).
+        A partition buffer's rows are charged at `slot_row_s` (a whole partition copied into one slot),
+        not HierBatching's `load_row_s`: on `large` the loader's thread time per row was 11x lower."""
+        rows = df["load_feature_rows"].to_numpy(float)
         if getattr(plan, "partition_buffer", False):
-            return load + self.bucket_edge_s * _state_edges(plan, df)
+            return self.slot_row_s * rows + self.bucket_edge_s * _state_edges(plan, df)
+        load = self.load_row_s * rows
         if getattr(plan, "induces", False):
             return load + self.subgraph_s * _induced_nodes(df)
         return load
@@ -302,7 +306,8 @@ def calibrate(store, cfg, steps=24, cache=None, refresh=False) -> StepCosts:
     (s0, s1), (g0, g1) = _fit(p["expanded"], p["sample"], p["run"]), _fit(p["rows"], p["gather"], p["run"])
     q = pd.concat([p, grouped], ignore_index=True)
     c0, c1, unit = _fit_unit({"rows": q["rows"], "expanded": q["expanded"]}, q["compute"], q["run"])
-    costs = StepCosts(s1, g1, c1, s0, g0, c0, load_row_s, subgraph_s, len(p), key, unit, _calibrate_buckets(store))
+    costs = StepCosts(s1, g1, c1, s0, g0, c0, load_row_s, subgraph_s, len(p), key, unit, _calibrate_buckets(store),
+                      _calibrate_slot_rows(store))
     saved[key] = asdict(costs)
     _save(file, saved)
     return costs
@@ -356,6 +361,29 @@ def _calibrate_buckets(store, repeats=3) -> float:
         buffer_csc(fake, range(p), held)
         seconds.append(time.thread_time() - c)
     return float(np.median(seconds)) / e
+
+
+def _calibrate_slot_rows(store, nbytes=64 << 20, repeats=3) -> float:
+    """Processor seconds per row of a MariusGNN buffer load (`buffer.PartitionBuffer._read`): a contiguous
+    range of up to `nbytes` of feature rows read (`read_range`, in its chunks) and copied into one slot of a
+    resident table, timed with `time.thread_time` (the reads' system time and the copy, not the disk's wait);
+    the median of `repeats` after one untimed round."""
+    from .io import range_chunks
+    import torch
+    n = int(max(1, min(store.num_nodes, nbytes // store.row_stride)))
+    reader = store.reader("direct")
+    rows = torch.empty((n, store.feat_dim), dtype=torch.float32)
+    seconds = []
+    try:
+        for _ in range(repeats + 1):
+            c, pos = time.thread_time(), 0
+            for a, b in range_chunks(0, n, store.row_stride):
+                rows[pos:pos + b - a] = torch.from_numpy(reader.read_range(a, b))
+                pos += b - a
+            seconds.append(time.thread_time() - c)
+    finally:
+        reader.close()
+    return float(np.median(seconds[1:])) / n
 
 
 # ---- the policies ----------------------------------------------------------------------------------

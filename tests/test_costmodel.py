@@ -69,7 +69,7 @@ def test_calibrate_is_cached_and_keyed_by_model(fennel16, tmp_path):
     assert costs.compute_step_s + costs.compute_s > 0
     # the loader thread's processor time per row and per induced node: charged, and less than a
     # millisecond each (the disk's wait is not in it)
-    assert 0 < costs.load_row_s < 1e-3 and 0 < costs.subgraph_s < 1e-3
+    assert 0 < costs.load_row_s < 1e-3 and 0 < costs.subgraph_s < 1e-3 and 0 < costs.slot_row_s < 1e-3
     assert costmodel.calibrate(fennel16, cfg, cache=tmp_path) == costs           # cached: not re-run
     assert len(json.loads((tmp_path / "calibration.json").read_text())) == 2     # version + one key
     assert costmodel._calibration_key(fennel16, cfg.replace(hidden=32)) != costs.key
@@ -164,11 +164,12 @@ def test_background_cpu_takes_the_cores_of_a_cpu_model(fennel16):
 def test_a_partition_buffer_pays_its_subgraph_per_edge_of_its_buckets(fennel16):
     """MariusGNN builds a state's subgraph from the edge buckets among its partitions, not by inducing it
     from adjacency lists: the charge is per edge with both ends in the state (counted here on the store's
-    own lists), at each state's first batch."""
+    own lists), at each state's first batch; its loaded rows at `slot_row_s` (whole partitions copied
+    into slots), not HierBatching's `load_row_s`."""
     plan = make_plan(fennel16, _cfg(fennel16, policy="marius", buffer_parts=4, physical_parts=8,
                                     memory_budget="4MB", device="cpu"))
     df = simulate(fennel16, plan, epochs=1, progress=False)
-    costs = StepCosts(0.0, 0.0, 0.0, load_row_s=1e-6, subgraph_s=1.0, bucket_edge_s=1e-7)
+    costs = StepCosts(0.0, 0.0, 0.0, load_row_s=1.0, subgraph_s=1.0, bucket_edge_s=1e-7, slot_row_s=1e-6)
     p = costmodel.predict(fennel16, plan, RATES, costs, df=df)
     indptr, indices = np.asarray(fennel16.indptr), np.asarray(fennel16.indices)
     bounds = plan.schedule.buckets.bounds
@@ -185,6 +186,11 @@ def test_a_partition_buffer_pays_its_subgraph_per_edge_of_its_buckets(fennel16):
 
 def test_bucket_calibration_is_a_small_positive_cost(fennel16):
     assert 0 < costmodel._calibrate_buckets(fennel16) < 1e-5
+
+
+def test_slot_calibration_is_a_small_positive_cost_per_row(fennel16):
+    """A partition read whole into a slot: the loader's processor time per row, beyond the disk's wait."""
+    assert 0 < costmodel._calibrate_slot_rows(fennel16) < 1e-4
 
 
 def test_compute_unit_is_the_one_that_explains_the_runs():
