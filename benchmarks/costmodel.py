@@ -98,7 +98,7 @@ def main(argv=None):
     base["parts_per_megabatch"] = bench_train.choose_megabatch(store, base)
     cache = args.cache_dir or None
     print(f"store {store.path}: {store.num_nodes:,} nodes, budget {args.budget}, load {loadavg()}", flush=True)
-    rates = measure_disk(store, cache)
+    rates = measure_disk(store, cache) if args.disk_once else None     # else measured before each run
     costs = costmodel.calibrate(store, TrainConfig.create(**base), cache=cache, refresh=True)
     print(f"calibration ({costs.steps} inmemory steps): sample {costs.sample_step_s * 1e3:.2f} ms/step + "
           f"{costs.sample_s * 1e9:.0f} ns/expanded node, gather {costs.gather_step_s * 1e3:.2f} ms/step + "
@@ -119,14 +119,14 @@ def main(argv=None):
             except UserError as e:
                 print(f"  {name:<14} skipped: {e}", flush=True)
                 continue
+            if not args.disk_once:
+                rates = measure_disk(store, cache, indent="  ")
             skip = 0
             if args.steps:
                 first = costmodel.predict(store, plan, rates, costs, steps=args.steps)["first_phase_steps"]
                 skip = max(SKIP, first if first < args.steps else 0)
                 cfg = cfg.replace(max_steps=args.steps + skip)
                 plan = make_plan(store, cfg)
-            if not args.disk_once:
-                rates = measure_disk(store, cache, indent="  ")
             pred = costmodel.predict(store, plan, rates, costs, steps=args.steps + skip if args.steps else None)
             load = loadavg()
             s = train_fresh(cfg)
