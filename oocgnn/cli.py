@@ -136,6 +136,7 @@ def _cmd_train(args):
     m = s["mixing"]
     print(f"  mixing: {m['groups']:g} groups an epoch of {m['parts_mean']:.1f} parts (fewest {m['parts_min']}), label "
           f"distance from the training set {m['tv_mean']:.3f} on average, {m['tv_max']:.3f} at worst"
+          + (f" (random groups of as many training nodes: {m['tv_random']:.3f})" if "tv_random" in m else "")
           + (" (warned)" if m["warning"] else ""))
     if "buffer" in s:
         b = s["buffer"]

@@ -26,6 +26,7 @@ import numpy as np
 # defaults at TV 0.14-0.15 were -0.2 (citeseer random) and -1.2 pt (cora random), at TV 0.22 -1.7 pt (citeseer
 # given, 17 parts, no warning at the old 0.22), at 0.23 -0.2 (cora given); hence MAX_TV 0.20.
 MIN_PARTS = 16         # groups whose training nodes come from fewer parts than this (mean) warn
+SPREAD = 0.7           # parts per group at least this share of its training nodes: more parts cannot mix it more
 MAX_TV = 0.20          # a mean total-variation distance above this warns
 TARGET_PARTS = 128     # `default_parts`: parts a HierBatching mega-batch holds at the default budget
 MIN_PART_NODES = 20    # `default_parts`: no smaller parts (HierBatching's digest: ~100-2000 nodes)
@@ -57,9 +58,28 @@ def tv_distance(labels, reference) -> float:
     return 0.5 * float(np.abs(p / p.sum() - q / q.sum()).sum())
 
 
+def random_draw_tv(size, reference) -> float:
+    """The expected TV distance from `reference` (a label histogram) of the labels of `size` nodes drawn
+    at random from it: the distance a perfectly mixed group of that size still has (binomial counts per
+    class, exact). Groups of few training nodes are far from the training set by this much alone."""
+    from math import lgamma
+    q = np.asarray(reference, float) / np.sum(reference)
+    size = int(size)
+    if size < 1:
+        return 0.0
+    k = np.arange(size + 1)
+    log_choose = np.array([lgamma(size + 1) - lgamma(i + 1) - lgamma(size - i + 1) for i in k])
+    total = 0.0
+    for qc in q[(q > 0) & (q < 1)]:             # a class of share 0 or 1 is always drawn exactly
+        pmf = np.exp(log_choose + k * np.log(qc) + (size - k) * np.log1p(-qc))
+        total += pmf @ np.abs(k / size - qc)
+    return 0.5 * float(total)
+
+
 def group_stats(plan_or_schedule, epochs=1):
     """A DataFrame, one row per group of the first `epochs` epochs: epoch, group, training nodes, parts
-    (that its training nodes come from) and tv (distance of its label histogram from the training set's)."""
+    (that its training nodes come from), tv (distance of its label histogram from the training set's) and
+    tv_random (`random_draw_tv` of its size: what a random group of as many training nodes would have)."""
     import pandas as pd
     schedule = getattr(plan_or_schedule, "schedule", plan_or_schedule)
     store = schedule.store
@@ -72,43 +92,56 @@ def group_stats(plan_or_schedule, epochs=1):
             hist = np.bincount(labels[train], minlength=c)
             rows.append({"epoch": e, "group": g, "train_nodes": len(train),
                          "parts": int(len(np.unique(part_of(schedule, train)))),
-                         "tv": tv_distance(hist, whole)})
-    return pd.DataFrame(rows, columns=["epoch", "group", "train_nodes", "parts", "tv"])
+                         "tv": tv_distance(hist, whole), "tv_random": random_draw_tv(len(train), whole)})
+    return pd.DataFrame(rows, columns=["epoch", "group", "train_nodes", "parts", "tv", "tv_random"])
 
 
 def mixing(plan_or_schedule, epochs=1) -> dict:
-    """The summary of `group_stats`: groups per epoch, parts per group (mean weighted by training nodes,
-    and the fewest), TV (mean weighted by training nodes, i.e. by the steps taken in each group, and the
-    worst), and `warning`: `check`'s line or ""."""
+    """The summary of `group_stats`: groups per epoch, training nodes per group (mean), parts per group
+    (mean weighted by training nodes, and the fewest), TV (mean weighted by training nodes, i.e. by the
+    steps taken in each group, and the worst), the same mean for random groups of the same sizes
+    (`tv_random`), and `warning`: `check`'s line or ""."""
     df = group_stats(plan_or_schedule, epochs)
     w = df["train_nodes"].to_numpy(float)
     out = {"groups": round(len(df) / max(1, int(epochs)), 2),
+           "train_mean": round(float(w.mean()), 2),
            "parts_mean": round(float(np.average(df["parts"], weights=w)), 2),
            "parts_min": int(df["parts"].min()),
            "tv_mean": round(float(np.average(df["tv"], weights=w)), 4),
-           "tv_max": round(float(df["tv"].max()), 4)}
+           "tv_max": round(float(df["tv"].max()), 4),
+           "tv_random": round(float(np.average(df["tv_random"], weights=w)), 4)}
     out["warning"] = check(out, plan_or_schedule)
     return out
 
 
 def check(stats: dict, plan=None) -> str:
     """One line saying what to change when groups mix poorly (mean parts < MIN_PARTS or mean TV > MAX_TV),
-    else "". A plan whose groups are the whole training set never warns."""
+    else "". A plan whose groups are the whole training set never warns. Where a group's training nodes
+    already come from nearly as many parts as it has nodes (few labels, as a given split's 20 per class),
+    more parts cannot mix it further: the line says so, with the TV a random group of that size has."""
     if stats["groups"] <= 1 or (stats["parts_mean"] >= MIN_PARTS and stats["tv_mean"] <= MAX_TV):
         return ""
     name = getattr(plan, "name", "")
+    line = (f"groups mix poorly: {stats['parts_mean']:.1f} parts per group on average (warn below {MIN_PARTS}), "
+            f"label distance {stats['tv_mean']:.2f} from the training set on average (warn above {MAX_TV}), "
+            f"worst {stats['tv_max']:.2f}; accuracy may fall short of inmemory. ")
+    train, random_tv = stats.get("train_mean"), stats.get("tv_random")
+    if train and stats["parts_mean"] >= SPREAD * train:
+        return line + (f"Each group trains on only {train:.0f} labelled nodes, nearly one per part, so more parts "
+                       f"cannot mix it further (a random draw of as many is {random_tv:.2f} from the training set): "
+                       "a larger --memory-budget (fewer, larger groups) or a policy of random batches "
+                       "(inmemory, ginex, mmap) is the remedy")
     k = "K"
-    if hasattr(plan, "n_d"):                  # the budget holds n_d of num_groupable parts: K for MIN_PARTS
-        k = f"{-(-MIN_PARTS * plan.num_groupable // plan.n_d)} or more"
+    if hasattr(plan, "n_d"):      # the budget holds n_d of num_groupable parts: K for MIN_PARTS, else twice K
+        k = (-(-MIN_PARTS * plan.num_groupable // plan.n_d) if stats["parts_mean"] < MIN_PARTS
+             else 2 * plan.num_groupable)
+        k = f"{k} or more"
     fix = {"hierbatching": f"a larger --parts-per-megabatch, more parts (prepare --parts {k}) so that a "
                            "mega-batch holds more of them, or fewer --passes over each",
            "composed": f"a larger --parts-per-megabatch or more parts (prepare --parts {k})",
            "outre": "a larger --parts-per-macro or more parts (prepare --parts K)",
            "marius": "a larger --buffer-parts (c) or more, smaller partitions (prepare --parts K, --physical-parts)"}
-    return (f"groups mix poorly: {stats['parts_mean']:.1f} parts per group on average (warn below {MIN_PARTS}), "
-            f"label distance {stats['tv_mean']:.2f} from the training set on average (warn above {MAX_TV}), "
-            f"worst {stats['tv_max']:.2f}; accuracy may fall short of inmemory. Try "
-            f"{fix.get(name, 'larger groups or more parts (prepare --parts K)')}")
+    return line + f"Try {fix.get(name, 'larger groups or more parts (prepare --parts K)')}"
 
 
 def default_parts(num_nodes, num_edges, feat_dim, budget=None, static_ratio=0.01) -> int:

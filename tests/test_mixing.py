@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from oocgnn.config import TrainConfig
-from oocgnn.mixing import MAX_TV, MIN_PARTS, group_stats, mixing
+from oocgnn.mixing import MAX_TV, MIN_PARTS, check, group_stats, mixing, random_draw_tv
 from oocgnn.policies import HierBatchingPlan, make_plan
 
 
@@ -58,6 +58,8 @@ def test_group_stats_match_a_brute_force_count_of_the_step_stream(by_label, tmp_
     assert got["train_nodes"].tolist() == [w[0] for w in want]
     assert got["parts"].tolist() == [w[1] for w in want]
     assert np.allclose(got["tv"], [w[2] for w in want])
+    whole = np.bincount(np.asarray(by_label.labels)[by_label.train_idx])
+    assert np.allclose(got["tv_random"], [random_draw_tv(w[0], whole) for w in want])
     m = mixing(plan)
     w = np.array([x[0] for x in want], float)
     assert m["tv_mean"] == pytest.approx(np.average([x[2] for x in want], weights=w), abs=1e-4)
@@ -65,6 +67,38 @@ def test_group_stats_match_a_brute_force_count_of_the_step_stream(by_label, tmp_
     assert m["parts_min"] == min(x[1] for x in want)
     if policy == "inmemory":               # one group: the training set itself
         assert len(want) == 1 and m["tv_mean"] == 0 and m["warning"] == ""
+
+
+def test_a_random_draws_distance_is_the_mean_over_every_draw():
+    """random_draw_tv against the expectation over all 3^6 label sequences of 6 draws (with replacement)."""
+    from itertools import product
+    hist = np.array([5.0, 3.0, 2.0])
+    q = hist / hist.sum()
+    want = 0.0
+    for seq in product(range(3), repeat=6):
+        counts = np.bincount(seq, minlength=3)
+        want += np.prod(q[list(seq)]) * 0.5 * np.abs(counts / 6 - q).sum()
+    assert random_draw_tv(6, hist) == pytest.approx(want, rel=1e-12)
+    assert random_draw_tv(10_000, hist) < 0.01 and random_draw_tv(0, hist) == 0.0
+    assert random_draw_tv(7, [0, 4, 0]) == 0.0                      # one class: every draw is exact
+
+
+def test_the_warning_says_when_more_parts_cannot_help():
+    """Groups whose few training nodes each come from their own part (a given split's 20 labels per
+    class) are told that more parts cannot mix them, with a random draw's distance; groups of too few
+    parts are told how many parts give N_d = MIN_PARTS at this budget's share; groups of enough parts
+    but far labels, twice the parts."""
+    from types import SimpleNamespace
+    plan = SimpleNamespace(name="hierbatching", num_groupable=128, n_d=8)
+    sparse = {"groups": 8, "train_mean": 15.0, "parts_mean": 15.1, "parts_min": 12, "tv_mean": 0.27,
+              "tv_max": 0.4, "tv_random": 0.24}
+    line = check(sparse, plan)
+    assert "cannot mix it further" in line and "0.24" in line and "--parts" not in line
+    clustered = {**sparse, "train_mean": 200.0, "parts_mean": 4.0}
+    assert f"prepare --parts {128 * MIN_PARTS // 8} or more" in check(clustered, plan)
+    far = {**clustered, "parts_mean": 20.0, "tv_mean": 0.3}          # enough parts, far labels: twice as many
+    assert "prepare --parts 256 or more" in check(far, plan)
+    assert check({**far, "tv_mean": MAX_TV}, plan) == ""
 
 
 def test_groups_of_more_parts_mix_better(by_label, tmp_path):
@@ -93,7 +127,7 @@ def test_the_warning_fires_on_16_parts_in_pairs_and_not_with_the_defaults(fennel
     assert len(lines) == 1 and lines[0].startswith("oocgnn: warning: hierbatching") and "--parts-per-megabatch" in lines[0]
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["mixing"]["parts_mean"] == 2 and summary["mixing"]["warning"]
-    assert "mixing: 8 groups an epoch of 2.0 parts" in bad.out
+    assert "mixing: 8 groups an epoch of 2.0 parts" in bad.out and "random groups of as many training nodes" in bad.out
     good = _train_cli(fennel16, tmp_path, capsys)
     assert "mix poorly" not in good.err
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
