@@ -21,6 +21,15 @@ from .buckets import buffer_csc
 from .io import IOStats, range_chunks
 
 
+def read_into_slot(reader, rows, pos, lo, hi, row_stride) -> int:
+    """Feature rows [lo, hi) read sequentially (`io.range_chunks`) into the table `rows` from row `pos`
+    on: one partition loaded into its slot. Returns the row after the last one written."""
+    for a, b in range_chunks(lo, hi, row_stride):
+        rows[pos:pos + b - a] = torch.from_numpy(reader.read_range(a, b))
+        pos += b - a
+    return pos
+
+
 class PartitionBuffer:
     """`slots` feature slots of `slot_rows` rows in the runtime's `CachedReader`, a partition in each;
     the buckets among the held partitions; its own readers (what each load read is known exactly)."""
@@ -58,10 +67,8 @@ class PartitionBuffer:
         t, c, io0 = time.perf_counter(), time.thread_time(), self.io()
         rows = self.runtime.cached.rows
         for k, slot in placed.items():
-            pos = slot * self.slot_rows
-            for a, b in range_chunks(int(self.bounds[k]), int(self.bounds[k + 1]), self.runtime.store.row_stride):
-                rows[pos:pos + b - a] = torch.from_numpy(self.reader.read_range(a, b))
-                pos += b - a
+            read_into_slot(self.reader, rows, slot * self.slot_rows, int(self.bounds[k]), int(self.bounds[k + 1]),
+                           self.runtime.store.row_stride)
         got = self.buckets.read(self.buckets.pairs(step.buffer, self.slot_of), self.bucket_reader)
         seconds, t = time.perf_counter() - t, time.perf_counter()
         self.runtime._time("load_cpu", time.thread_time() - c)          # the processor's share (the cost model's)

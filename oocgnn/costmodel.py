@@ -365,21 +365,19 @@ def _calibrate_buckets(store, repeats=3) -> float:
 
 def _calibrate_slot_rows(store, nbytes=64 << 20, repeats=3) -> float:
     """Processor seconds per row of a MariusGNN buffer load (`buffer.PartitionBuffer._read`): a contiguous
-    range of up to `nbytes` of feature rows read (`read_range`, in its chunks) and copied into one slot of a
-    resident table, timed with `time.thread_time` (the reads' system time and the copy, not the disk's wait);
-    the median of `repeats` after one untimed round."""
-    from .io import range_chunks
+    range of up to `nbytes` of feature rows read into one slot of a resident table (`buffer.read_into_slot`),
+    timed with `time.thread_time` (the reads' system time and the copy, not the disk's wait); the median of
+    `repeats` after one untimed round."""
     import torch
+    from .buffer import read_into_slot
     n = int(max(1, min(store.num_nodes, nbytes // store.row_stride)))
     reader = store.reader("direct")
     rows = torch.empty((n, store.feat_dim), dtype=torch.float32)
     seconds = []
     try:
         for _ in range(repeats + 1):
-            c, pos = time.thread_time(), 0
-            for a, b in range_chunks(0, n, store.row_stride):
-                rows[pos:pos + b - a] = torch.from_numpy(reader.read_range(a, b))
-                pos += b - a
+            c = time.thread_time()
+            read_into_slot(reader, rows, 0, 0, n, store.row_stride)
             seconds.append(time.thread_time() - c)
     finally:
         reader.close()
