@@ -137,9 +137,8 @@ def check(stats: dict, plan=None) -> str:
                        "(inmemory, ginex, mmap) is the remedy")
     k = "K"
     if hasattr(plan, "n_d"):      # the budget holds n_d of num_groupable parts: K for MIN_PARTS, else twice K
-        k = (-(-MIN_PARTS * plan.num_groupable // plan.n_d) if stats["parts_mean"] < MIN_PARTS
-             else 2 * plan.num_groupable)
-        k = f"{k} or more"
+        few = stats["parts_mean"] < MIN_PARTS
+        k = f"{-(-MIN_PARTS * plan.num_groupable // plan.n_d) if few else 2 * plan.num_groupable} or more"
     fix = {"hierbatching": f"a larger --parts-per-megabatch, more parts (prepare --parts {k}) so that a "
                            "mega-batch holds more of them, or fewer --passes over each",
            "composed": f"a larger --parts-per-megabatch or more parts (prepare --parts {k})",
