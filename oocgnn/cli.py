@@ -16,7 +16,7 @@ def _cmd_prepare(args):
     from .store import write_store
     from .synthetic import generate
     from .mixing import default_parts
-    from .partition import check_args, order_from_assignment, partition, peak_rss
+    from .partition import CSRSource, check_args, order_from_assignment, partition, peak_rss
     from .store import check_target
     out = Path(os.path.abspath(args.out))
     check_target(out, args.force)                 # before the source is read: fail fast
@@ -49,6 +49,9 @@ def _cmd_prepare(args):
         row = json.loads(report.to_json(orient="records"))[0]     # saved in meta.json, shown by `info`
         data.info["partition"] = {k: row[k] for k in ("method", "parts", "nonempty_parts", "edge_cut",
                                                       "size_balance", "train_balance", "seconds")}
+        # what `partition.partitioned_store` (the notebooks) checks before reusing a store
+        data.info["partition_key"] = {"method": method, "parts": int(parts), "seed": int(args.seed),
+                                      "fingerprint": CSRSource.of(data).fingerprint()}
         shown = report.drop(columns=["dataset", "balance_train", "peak_rss"]).assign(
             peak_rss_mib=report.peak_rss / 2**20)
         print(shown.to_string(index=False, float_format="%.4g"))
