@@ -172,6 +172,52 @@ def _cmd_tune(args):
          policies=policies, cache=args.cache_dir or None, progress=cfg.progress, remeasure_disk=args.remeasure_disk)
 
 
+def _cmd_compare(args):
+    import matplotlib
+    matplotlib.use("Agg")
+    import pandas as pd
+    from .compare import DEFAULT_POLICIES, PRIMING, compare, default_budget
+    from .device import resolve_device
+    from .config import TrainConfig
+    from .plots import plot_comparison, save_figure
+    from .policies import POLICIES
+    from .store import open_store
+    from .units import format_size
+    settings = _settings_from(args)
+    store = open_store(settings["store"], verify=False)
+    settings.setdefault("memory_budget", default_budget(store))
+    cfg = TrainConfig.create(**settings)
+    policies = [p for p in args.policies.split(",") if p] if args.policies else list(DEFAULT_POLICIES)
+    unknown = [p for p in policies if p not in POLICIES]
+    if unknown or len(set(policies)) != len(policies):
+        raise UserError(f"--policies: give distinct policies of {', '.join(POLICIES)}"
+                        + (f" ({', '.join(unknown)} unknown)" if unknown else ""))
+    out = Path(args.out or Path("runs") / f"compare-{Path(cfg.store).name}")
+    table, logs, target = compare(cfg, policies, out, target_acc=cfg.target_acc or None, warm=not args.no_warm,
+                                  progress=cfg.progress)
+    feature_bytes = store.num_nodes * store.row_stride
+    shown = table[["policy", "epoch_s", "time_to_target_s", "best_val_acc", "test_at_best_val", "read_per_epoch",
+                   "feature_files_per_epoch", "peak_rss", "status"]].copy()
+    for col in ("read_per_epoch", "peak_rss"):
+        shown[col] = [format_size(v) if pd.notna(v) else "-" for v in shown[col]]
+    shown["status"] = [s if len(s) <= 48 else s[:45] + "..." for s in shown["status"].astype(str)]
+    print(shown.rename(columns={"time_to_target_s": "s_to_target", "feature_files_per_epoch": "x_file"})
+          .to_string(index=False, float_format=lambda v: f"{v:.3f}", na_rep="-"))
+    title = (f"{store.path.name}: {store.num_nodes:,} nodes, features {format_size(feature_bytes)}; budget "
+             f"{format_size(cfg.memory_budget_bytes)} ({cfg.memory_budget_bytes / feature_bytes:.0%} of them); "
+             f"{cfg.model} {cfg.fanouts}, batch {cfg.batch_size}, {cfg.epochs} epochs, seed {cfg.seed}")
+    note = ("evaluation and setup not timed; " + (PRIMING if not args.no_warm else "numba's cache NOT primed: "
+            "the first runs include compiling") + f"; device {resolve_device(cfg.device)}")
+    fig = plot_comparison(table, logs, target, feature_bytes, title, note)
+    written = []
+    for path in [out / "comparison"] + ([Path(args.figure)] if args.figure else []):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        table.to_csv(path.with_suffix(".csv"), index=False)
+        save_figure(fig, path.with_suffix(".png"))
+        written += [str(path.with_suffix(".csv")), str(path.with_suffix(".png"))]
+    print(f"time to val {target:.4f} measured" if target else "no policy ran", f"; wrote {', '.join(written)}")
+
+
 def _cmd_report(args):
     import matplotlib
     matplotlib.use("Agg")
@@ -321,6 +367,26 @@ def build_parser() -> argparse.ArgumentParser:
                          "several times faster on a file its host read minutes ago than on one untouched for "
                          "days; default: off, the rates measured once per device)")
     tu.set_defaults(func=_cmd_tune)
+
+    co = sub.add_parser("compare", help="train every policy at one budget: time to accuracy and bytes read",
+                        description="Train the same model under each policy at one --memory-budget (default a "
+                                    "third of the feature file), each in a fresh process, and write a table "
+                                    "(CSV) and a figure (time to accuracy, time to a target, bytes read per "
+                                    "epoch) to --out. A policy whose defaults do not fit runs with the tuner's "
+                                    "grid knobs that fit; one that cannot fit or fails is a row saying why. "
+                                    "numba's cache is primed by untimed steps before any timing.")
+    _add_settings(co, exclude=("policy", "out", "resume", "max_steps", "checkpoint_every", "force", "seeds",
+                               "distributed", "dist_timeout"))
+    co.add_argument("--policies", default="",
+                    help="policies to compare, comma-separated (default: inmemory,mmap,hierbatching,outre,ginex,"
+                         "macrobatch,marius,composed)")
+    co.add_argument("--out", default=None, help="directory for the runs and comparison.{csv,png} "
+                                                 "(default runs/compare-<store>)")
+    co.add_argument("--figure", default="", help="also write the table and figure to this path, without "
+                                                 "extension (default: none)")
+    co.add_argument("--no-warm", action="store_true",
+                    help="do not prime numba's cache before timing (default: primed)")
+    co.set_defaults(func=_cmd_compare)
 
     rp = sub.add_parser("report", help="time-to-accuracy CSV and plot of runs",
                         description="Combine the log.csv of run directories into one CSV and a "

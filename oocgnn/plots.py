@@ -72,6 +72,64 @@ def plot_time_to_accuracy(runs: pd.DataFrame, ax=None, metric="val_acc", title=N
     return ax
 
 
+def plot_comparison(table: pd.DataFrame, logs: pd.DataFrame, target=None, feature_bytes=None, title="",
+                    note=""):
+    """`compare.compare`'s answer in three panels: validation accuracy against training time per policy
+    (the target dashed), the time each took to the target, and what each read per epoch (the feature
+    file's size marked). A policy that did not run is named in the bar panels with its reason's start."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+    fig, (a, b, c) = plt.subplots(1, 3, figsize=(16, 4.6), gridspec_kw={"width_ratios": [5, 3, 3]})
+    policies = list(table["policy"])
+    colours = {p: plt.cm.tab10(i % 10) for i, p in enumerate(policies)}
+    for p, log in logs.groupby("policy", sort=False):
+        a.plot(log["wall_s"], log["val_acc"], marker="o", ms=3, color=colours[p], label=p)
+    if target:
+        a.axhline(target, color="k", ls="--", lw=0.8, label=f"target {target:.3f}")
+    a.set_xlabel("training wall time (s)")
+    a.set_ylabel("validation accuracy")
+    a.set_title("time to accuracy")
+    a.legend(fontsize=8)
+    y = np.arange(len(table))[::-1]
+    ran = table["best_val_acc"].notna().to_numpy()
+
+    def bars(ax, values, label, fmt):
+        vals = pd.to_numeric(values, errors="coerce").to_numpy(float)
+        ax.barh(y, np.where(ran & np.isfinite(vals), vals, 0), color=[colours[p] for p in policies])
+        for yi, v, ok, status in zip(y, vals, ran, table["status"]):
+            text = fmt(v) if ok and np.isfinite(v) else "not reached" if ok else str(status).split(":")[0]
+            if ok and np.isfinite(v) and v > 0:
+                ax.text(v, yi, f" {text}", va="center", fontsize=7)
+            else:                                 # at the axis' left edge, whatever its scale
+                ax.text(0.01, yi, text, va="center", fontsize=7, transform=ax.get_yaxis_transform())
+        ax.set_yticks(y, policies)
+        ax.set_xlabel(label)
+        ax.grid(alpha=0.3, axis="x")
+        ax.set_xlim(0, max(np.nanmax(np.where(ran, vals, 0), initial=0), 1e-9) * 1.35)
+
+    bars(b, table["time_to_target_s"], "seconds", lambda v: f"{v:.1f} s")
+    b.set_title(f"training time to val {target:.3f}" if target else "time to target")
+    mib = pd.to_numeric(table["read_per_epoch"], errors="coerce") / 2**20
+    bars(c, mib, "MiB read per epoch (setup excluded)", lambda v: f"{v:,.0f}" if v else "nothing")
+    positive = mib[mib > 0]
+    if len(positive) and positive.max() / positive.min() > 20:     # the bars span orders of magnitude
+        c.set_xscale("log")
+        c.set_xlim(positive.min() / 3, positive.max() * 4)
+        c.set_xlabel("MiB read per epoch (setup excluded; log)")
+    if feature_bytes:
+        c.axvline(feature_bytes / 2**20, color="k", ls="--", lw=0.8)
+        c.text(feature_bytes / 2**20, 1.0, " feature file", fontsize=7, va="bottom",
+               transform=c.get_xaxis_transform())
+        if c.get_xscale() == "linear":
+            c.set_xlim(0, max(c.get_xlim()[1], feature_bytes / 2**20 * 1.35))
+    c.set_title("bytes read")
+    fig.suptitle(title, fontsize=10)
+    if note:
+        fig.text(0.5, -0.02, note, ha="center", fontsize=8, color="0.3")
+    fig.tight_layout()
+    return fig
+
+
 def save_figure(fig, path):
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

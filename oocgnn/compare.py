@@ -1,0 +1,146 @@
+"""Every policy at one budget, side by side: time to accuracy and bytes read (`oocgnn compare`, `make run`).
+
+Each policy trains in a fresh process (`train.train_fresh`: its peak RSS and an mmap run's cgroup are
+its own) on the same store with the same settings and memory budget. A policy whose defaults do not
+fit the budget runs with the knobs of the tuner's grid (`tune.GRID`) that fit and keep the most
+resident (its largest superbatch, macrobatch or mega-batch); one with none that fits, or whose run
+fails, is a row saying why, and the others still run.
+
+Compile and warm-up are not measured: before the first timed run, one throwaway process runs two
+steps of every policy, which compiles the numba kernels they use into numba's on-disk cache (on a
+fresh clone that compile takes ~20 s, more than an epoch of `small`); each timed process then loads
+them from the cache. Evaluation and each policy's one-off setup (its static caches, OUTRE's
+profiling) are outside the training time too, as in every run (`train.train`).
+"""
+from __future__ import annotations
+
+import multiprocessing
+import tempfile
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import pandas as pd
+
+from .config import TrainConfig
+from .errors import UserError
+from .units import format_size
+
+DEFAULT_POLICIES = ("inmemory", "mmap", "hierbatching", "outre", "ginex", "macrobatch", "marius", "composed")
+TARGET_SHARE = 0.95       # without --target-acc: time to 95 % of the best validation accuracy any policy reached
+PRIMING = "numba's cache primed before timing (2 untimed steps of each policy in a throwaway process)"
+TABLE_COLUMNS = ["policy", "status", "knobs", "epochs", "steps", "epoch_s", "train_s", "time_to_target_s",
+                 "best_val_acc", "test_at_best_val", "final_test_acc", "bytes_read", "read_per_epoch",
+                 "feature_files_per_epoch", "setup_bytes", "resident_bytes", "peak_rss", "cap_enforced",
+                 "mixing_warns", "setup_s", "run_dir"]
+
+
+def default_budget(store) -> str:
+    """A third of the store's feature file, in bytes: every out-of-core policy must leave two thirds on disk."""
+    return str(store.num_nodes * store.row_stride // 3)
+
+
+def fitting_settings(store, cfg: TrainConfig, policy: str) -> tuple[dict, str]:
+    """(settings, note) that make `policy`'s plan fit `cfg`'s budget: {} and "" when its defaults do, else
+    the grid point of `tune.GRID` that fits with the most resident bytes. Raises UserError (the
+    defaults' own message) when none fits."""
+    from .policies import make_plan
+    from .tune import GRID
+    try:
+        make_plan(store, cfg.replace(policy=policy))
+        return {}, ""
+    except UserError as e:
+        refusal = e
+    fits = []
+    for knobs in GRID.get(policy, []):
+        try:
+            plan = make_plan(store, cfg.replace(policy=policy, **knobs))
+        except UserError:
+            continue
+        fits.append((plan.resident_bytes(), knobs))
+    if not fits:
+        raise refusal
+    knobs = max(fits, key=lambda f: f[0])[1]
+    return knobs, "defaults do not fit; " + ", ".join(f"{k}={v}" for k, v in knobs.items())
+
+
+def _prime(cfgs):
+    """Two steps of each configuration, in this (throwaway) process: numba compiles what they call and
+    writes it to its on-disk cache."""
+    from .train import train
+    with tempfile.TemporaryDirectory(prefix="oocgnn-prime-") as tmp:
+        for i, cfg in enumerate(cfgs):
+            train(cfg.replace(max_steps=2, epochs=1, max_eval_nodes=64, eval_every=0, target_acc=0.0,
+                              checkpoint_every=0, progress=False, force=True, out=str(Path(tmp) / str(i))))
+
+
+def prime(cfgs):
+    """Run `_prime(cfgs)` in a fresh interpreter (spawned: nothing of this process carried over)."""
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        pool.submit(_prime, list(cfgs)).result()
+
+
+def time_to(log: pd.DataFrame, target: float):
+    """Training seconds at the first evaluation whose validation accuracy reached `target` (None if none)."""
+    hit = log[log["val_acc"] >= target]
+    return float(hit["wall_s"].iloc[0]) if len(hit) else None
+
+
+def _row(policy, knobs, note, s, feature_bytes) -> dict:
+    io = s["io"]["bytes_read"]
+    epochs = s["steps"] / max(1, s["epoch_steps"])
+    return {"policy": policy, "status": "ok" + (f" ({note})" if note else ""),
+            "knobs": ", ".join(f"{k}={v}" for k, v in knobs.items()), "epochs": s["epochs"], "steps": s["steps"],
+            "epoch_s": s["epoch_s"], "train_s": s["train_s"], "best_val_acc": s["best_val_acc"],
+            "test_at_best_val": s["test_at_best_val"], "final_test_acc": s["final_test_acc"], "bytes_read": io,
+            "read_per_epoch": io / epochs, "feature_files_per_epoch": io / epochs / feature_bytes,
+            "setup_bytes": s["io_setup"]["bytes_read"], "resident_bytes": s["resident_bytes"],
+            "peak_rss": s["peak_rss"], "cap_enforced": bool(s["memory_cap"].get("enforced")),
+            "mixing_warns": bool(s["mixing"]["warning"]), "setup_s": s["setup_s"], "run_dir": s["run_dir"]}
+
+
+def compare(cfg: TrainConfig, policies=DEFAULT_POLICIES, out="runs/compare", target_acc=None, warm=True,
+            progress=True, echo=print) -> tuple[pd.DataFrame, pd.DataFrame, float]:
+    """Train `cfg` under each policy at `cfg.memory_budget` into `<out>/<policy>`.
+
+    Returns (table, logs, target): one row per policy (`TABLE_COLUMNS`: its status — ok, or why it did
+    not fit or failed —, epoch time, time to `target`, accuracy, bytes read, memory), every run's log.csv
+    rows labelled by policy, and the validation accuracy the times are measured to (`target_acc`, else
+    `TARGET_SHARE` of the best any policy reached). `warm`: prime numba's cache first (`prime`)."""
+    from .store import open_store
+    from .train import train_fresh
+    from tqdm.auto import tqdm
+    store = open_store(cfg.store, verify=False)
+    feature_bytes = store.num_nodes * store.row_stride
+    rows, runnable = {}, []
+    for p in policies:
+        try:
+            knobs, note = fitting_settings(store, cfg, p)
+        except UserError as e:
+            rows[p] = {"policy": p, "status": f"does not fit: {e}"}
+            echo(f"{p}: does not fit the {format_size(cfg.memory_budget_bytes)} budget: {e}")
+            continue
+        runnable.append((p, knobs, note, cfg.replace(policy=p, **knobs, out=str(Path(out) / p), force=True,
+                                                     progress=False)))
+    if warm and runnable:
+        echo(f"priming numba's cache: 2 untimed steps of {', '.join(p for p, *_ in runnable)}")
+        prime([c for *_, c in runnable])
+    logs = []
+    for p, knobs, note, c in tqdm(runnable, desc="compare", unit="policy", disable=not progress):
+        try:
+            s = train_fresh(c)
+        except UserError as e:
+            rows[p] = {"policy": p, "status": f"failed: {e}", "knobs": ", ".join(f"{k}={v}" for k, v in knobs.items())}
+            echo(f"{p}: failed: {e}")
+            continue
+        rows[p] = _row(p, knobs, note, s, feature_bytes)
+        logs.append(s["log"].assign(policy=p))
+        echo(f"{p}: {s['epoch_s']:.2f} s an epoch, best val {s['best_val_acc']:.4f}, read "
+             f"{format_size(rows[p]['read_per_epoch'])} an epoch" + (f" ({note})" if note else ""))
+    logs = pd.concat(logs, ignore_index=True) if logs else pd.DataFrame(columns=["policy", "wall_s", "val_acc"])
+    table = pd.DataFrame([rows[p] for p in policies if p in rows], columns=TABLE_COLUMNS)
+    ok = table["best_val_acc"].notna()
+    target = target_acc or (round(TARGET_SHARE * table.loc[ok, "best_val_acc"].max(), 4) if ok.any() else None)
+    if target:
+        for p, log in logs.groupby("policy", sort=False):
+            table.loc[table.policy == p, "time_to_target_s"] = time_to(log, target)
+    return table, logs, target

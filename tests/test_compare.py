@@ -1,0 +1,96 @@
+"""`oocgnn compare`: every policy at one budget, a row per policy whatever happened to it."""
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+
+from oocgnn.compare import compare, default_budget, fitting_settings, time_to
+from oocgnn.config import TrainConfig
+from oocgnn.errors import UserError
+from oocgnn.policies import make_plan
+from oocgnn.tune import GRID
+
+
+def _cfg(store, **kw):
+    return TrainConfig.create(store=str(store.path), batch_size=256, epochs=1, max_eval_nodes=200, progress=False,
+                              **kw)
+
+
+def test_defaults_that_fit_are_kept(fennel16):
+    assert fitting_settings(fennel16, _cfg(fennel16, memory_budget="4MB"), "hierbatching") == ({}, "")
+
+
+def test_a_policy_whose_defaults_do_not_fit_gets_the_fitting_grid_knobs_holding_the_most(fennel16):
+    cfg = _cfg(fennel16, memory_budget="4MB")
+    with pytest.raises(UserError):                 # ginex's default superbatch 16 does not fit
+        make_plan(fennel16, cfg.replace(policy="ginex"))
+    knobs, note = fitting_settings(fennel16, cfg, "ginex")
+    fits = {}                                       # the oracle: every grid point, built and checked
+    for point in GRID["ginex"]:
+        try:
+            fits[tuple(point.items())] = make_plan(fennel16, cfg.replace(policy="ginex", **point)).resident_bytes()
+        except UserError:
+            pass
+    assert fits and knobs == dict(max(fits, key=fits.get))
+    assert "superbatch=" in note
+
+
+def test_a_policy_that_cannot_fit_raises_its_own_refusal(fennel16):
+    cfg = _cfg(fennel16, memory_budget="1MB")
+    with pytest.raises(UserError, match="macrobatch"):
+        fitting_settings(fennel16, cfg, "macrobatch")
+
+
+def test_time_to_is_the_first_evaluation_at_the_target():
+    log = pd.DataFrame({"wall_s": [0.0, 1.0, 2.0, 3.0], "val_acc": [0.1, 0.5, 0.8, 0.7]})
+    assert time_to(log, 0.5) == 1.0 and time_to(log, 0.75) == 2.0 and time_to(log, 0.9) is None
+
+
+def test_compare_keeps_a_row_for_every_policy(fennel16, tmp_path, monkeypatch):
+    from oocgnn import train as train_module
+    real = train_module.train_fresh
+
+    def flaky(cfg):                                # one policy's run fails: the others still report
+        if cfg.policy == "marius":
+            raise UserError("the disk went away")
+        return real(cfg)
+    monkeypatch.setattr(train_module, "train_fresh", flaky)
+    cfg = _cfg(fennel16, memory_budget="4MB")
+    table, logs, target = compare(cfg, ["inmemory", "hierbatching", "macrobatch", "marius"], tmp_path,
+                                  warm=False, progress=False, echo=lambda *a: None)
+    assert list(table.policy) == ["inmemory", "hierbatching", "macrobatch", "marius"]
+    status = dict(zip(table.policy, table.status))
+    assert status["inmemory"] == status["hierbatching"] == "ok"
+    assert status["macrobatch"].startswith("does not fit:") and status["marius"] == "failed: the disk went away"
+    best = table.set_index("policy")["best_val_acc"]
+    assert target == pytest.approx(round(0.95 * best.max(), 4))
+    for p in ("inmemory", "hierbatching"):         # the time to the target is read off the run's own log
+        log = pd.read_csv(tmp_path / p / "log.csv")
+        got, want = table.set_index("policy").loc[p, "time_to_target_s"], time_to(log, target)
+        assert got == want if want is not None else pd.isna(got)
+        assert set(logs[logs.policy == p]["wall_s"]) == set(log["wall_s"])
+    assert table.time_to_target_s.notna().any()    # the best run reaches 95 % of its own best
+    hb = table.set_index("policy").loc["hierbatching"]
+    assert hb["read_per_epoch"] > 0 and table.set_index("policy").loc["inmemory", "read_per_epoch"] == 0
+
+
+def test_the_command_writes_the_table_and_the_figure(fennel16, tmp_path):
+    r = subprocess.run([sys.executable, "-m", "oocgnn", "compare", str(fennel16.path), "--policies", "inmemory,ginex",
+                        "--epochs", "1", "--batch-size", "256", "--max-eval-nodes", "200", "--no-progress",
+                        "--out", str(tmp_path / "cmp"), "--figure", str(tmp_path / "fig" / "00")],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    table = pd.read_csv(tmp_path / "fig" / "00.csv")
+    assert list(table.policy) == ["inmemory", "ginex"]
+    assert (tmp_path / "fig" / "00.png").stat().st_size > 10_000 and (tmp_path / "cmp" / "comparison.png").is_file()
+    # the budget defaults to a third of the feature file
+    saved = pd.read_json(tmp_path / "cmp" / "inmemory" / "config.json", typ="series")
+    assert saved["memory_budget"] == default_budget(fennel16)
+    assert "priming numba's cache" in r.stdout
+
+
+def test_the_command_refuses_unknown_policies(fennel16):
+    r = subprocess.run([sys.executable, "-m", "oocgnn", "compare", str(fennel16.path), "--policies", "inmemory,nope"],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and "nope" in r.stderr and "Traceback" not in r.stderr
