@@ -33,6 +33,22 @@ def test_prepare_info_train_report(tmp_path):
     assert (csv["mixing_tv_mean"] == 0).all() and "label TV 0.000" in r.stdout
 
 
+def test_a_partitioned_store_prepared_here_is_the_one_the_notebooks_reuse(tmp_path):
+    """`partitioned_store` (the notebooks' call) opens the store `prepare` wrote for the same graph and
+    partition instead of writing it again (make run prepares it once)."""
+    from oocgnn.partition import partitioned_store
+    from oocgnn.synthetic import generate
+    store = tmp_path / "tiny-fennel-8"
+    r = oocgnn("prepare", "synthetic", "--preset", "tiny", "--partitioner", "fennel", "--parts", 8, "--out", store,
+               "--quiet")
+    assert r.returncode == 0, r.stderr
+    written = (store / "meta.json").stat().st_mtime_ns
+    assert partitioned_store(generate("tiny"), store, "fennel", 8).path == store
+    assert (store / "meta.json").stat().st_mtime_ns == written
+    partitioned_store(generate("tiny"), store, "fennel", 4)          # another partition: written anew
+    assert (store / "meta.json").stat().st_mtime_ns != written
+
+
 @pytest.mark.parametrize("args, msg", [
     (["info", "/nonexistent/store"], "no store at /nonexistent/store"),
     (["train", "/nonexistent/store"], "no store at"),
@@ -52,7 +68,7 @@ def test_bad_input_is_one_line_exit_2(args, msg, capsys, tmp_path):
 
 
 def test_every_command_has_help():
-    for cmd in ([], ["prepare"], ["info"], ["train"], ["report"]):
+    for cmd in ([], ["prepare"], ["info"], ["train"], ["report"], ["compare"], ["tune"]):
         r = oocgnn(*cmd, "--help")
         assert r.returncode == 0 and "usage: oocgnn" in r.stdout
 
