@@ -1,0 +1,158 @@
+"""Notebooks executed as reports (papermill), stamped so that `make test` can check them without running them again.
+
+`python -m oocgnn.reports [NOTEBOOK ...] [--out notebooks/executed] [--jobs 2]` executes each notebook
+top to bottom into `--out` with papermill (the source is never edited: STYLE 16), figures going to
+`<out>/figures` so the committed `figures/` stay as `make notebooks` left them. Each executed copy
+carries a stamp: a hash of its source notebook, of the library's code (oocgnn/*.py), of the pinned
+stack and of the real datasets present. `notebooks/conftest.py` lets nbval check the outputs of an
+executed copy whose stamp is current instead of executing the notebook a second time; any other
+notebook nbval executes as usual.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+NOTEBOOKS = REPO / "notebooks"
+STAMP_KEY = "oocgnn_report_stamp"
+# nbval's kernels run under pytest, where ipykernel does not forward what subprocesses write to fd 1/2
+# (train_fresh's notes); executed the same way, a report holds the outputs nbval would see
+KERNEL_ARGS = ["--IPKernelApp.capture_fd_output=False"]
+
+
+def stamp(notebook) -> str:
+    """What a report's outputs depend on: the source notebook, the library's code, the pinned stack and
+    the real datasets beside the project (their names and sizes)."""
+    h = hashlib.sha256()
+    h.update(Path(notebook).read_bytes())
+    for path in sorted((REPO / "oocgnn").glob("*.py")) + [REPO / "requirements.txt"]:
+        if path.is_file():
+            h.update(path.name.encode() + b"\0" + path.read_bytes())
+    datasets = REPO.parent / "shared" / "datasets"
+    for path in sorted(datasets.glob("*.npz")) if datasets.is_dir() else []:
+        h.update(f"{path.name}:{path.stat().st_size}".encode())
+    h.update(sys.version.encode())
+    return h.hexdigest()
+
+
+def current_report(notebook, executed_dir=None):
+    """The executed copy of `notebook` (an nbformat notebook) if its stamp is current and its code cells
+    are the source's, else None."""
+    import nbformat
+    executed = Path(executed_dir or NOTEBOOKS / "executed") / Path(notebook).name
+    if not executed.is_file():
+        return None
+    try:
+        nb = nbformat.read(executed, as_version=4)
+    except Exception:                     # a half-written or foreign file: execute instead
+        return None
+    if nb.metadata.get(STAMP_KEY) != stamp(notebook):
+        return None
+    source = nbformat.read(notebook, as_version=4)
+    code = [c.source for c in source.cells if c.cell_type == "code"]
+    if [c.source for c in nb.cells if c.cell_type == "code"] != code:   # e.g. parameters injected
+        return None
+    return nb
+
+
+def _replay(item, outputs):
+    """nbval's `IPyNbCell.runtest`, with the outputs a report holds in place of a kernel's."""
+    import pytest
+    from nbval.plugin import coalesce_streams
+
+    def runtest():
+        if item.options["skip"]:
+            pytest.skip()
+        errors = [o for o in outputs if o.get("output_type") == "error"]
+        if errors and not item.options["check_exception"]:
+            item.raise_cell_error("Cell execution caused an exception (in the report)",
+                                  "\n" + "\n".join(errors[0].get("traceback", [])))
+        if item.options["check"] and item.cell.execution_count is not None:
+            if not item.compare_outputs(coalesce_streams(list(outputs)), coalesce_streams(item.cell.outputs)):
+                item.raise_cell_error("Cell outputs differ (from the report `make run` executed)",
+                                      "\n".join(item.comparison_traceback))
+    item.runtest = runtest
+
+
+def prepare_nbval_items(items, executed_dir=None):
+    """What `notebooks/conftest.py` does to nbval's cells before they run:
+    - a clean committed notebook has no execution counts, yet its stored outputs are the reference:
+      mark every code cell with outputs as run;
+    - keep a notebook's cells on one pytest-xdist worker (`--dist loadgroup`): they share a kernel;
+    - a notebook with a current report (`current_report`) is checked from it: each cell's outputs
+      compared by nbval's own rules, no kernel started, nothing executed a second time."""
+    import pytest
+    reports = {}
+    for item in items:
+        cell = getattr(item, "cell", None)
+        if cell is None:
+            continue
+        path = str(item.parent.path)
+        item.add_marker(pytest.mark.xdist_group(name=f"notebook-{item.parent.path.name}"))
+        if cell.get("outputs") and cell.get("execution_count") is None:
+            cell["execution_count"] = 0
+        if path not in reports:
+            reports[path] = current_report(path, executed_dir)
+            if reports[path] is not None:
+                item.parent.setup = lambda: None
+        if reports[path] is not None:
+            code = [c for c in reports[path].cells if c.cell_type == "code"]
+            _replay(item, code[item.cell_num].outputs)
+
+
+def execute(notebook, out_dir, log=print) -> Path:
+    """Execute `notebook` with papermill into `out_dir` and stamp the copy; returns its path."""
+    import nbformat
+    import papermill
+    notebook, out_dir = Path(notebook).resolve(), Path(out_dir).resolve()
+    out = out_dir / notebook.name
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.stem}.tmp-{os.getpid()}.ipynb")
+    key = stamp(notebook)                  # of the code that runs, not of edits made meanwhile
+    t = time.perf_counter()
+    papermill.execute_notebook(str(notebook), str(tmp), cwd=str(notebook.parent), kernel_name="python3",
+                               progress_bar=False, extra_arguments=KERNEL_ARGS)
+    nb = nbformat.read(tmp, as_version=4)
+    nb.metadata[STAMP_KEY] = key
+    nbformat.write(nb, tmp)
+    tmp.replace(out)                       # a killed run never leaves a stamped half report
+    log(f"executed {notebook.name} -> {out} in {time.perf_counter() - t:.0f} s")
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m oocgnn.reports", description=__doc__.split("\n\n")[0])
+    ap.add_argument("notebooks", nargs="*", help="notebooks to execute (default: every notebooks/NN_*.ipynb)")
+    ap.add_argument("--out", default=str(NOTEBOOKS / "executed"),
+                    help="directory for the executed copies (default notebooks/executed)")
+    ap.add_argument("--jobs", type=int, default=1, help="notebooks executed at once (default 1)")
+    args = ap.parse_args(argv)
+    if args.jobs < 1:
+        ap.error("--jobs must be >= 1")
+    notebooks = [Path(p) for p in args.notebooks] or sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
+    missing = [str(p) for p in notebooks if not p.is_file()]
+    if missing:
+        print(f"oocgnn.reports: error: no such notebook: {', '.join(missing)}", file=sys.stderr)
+        return 2
+    out = Path(args.out)
+    (out / "figures").mkdir(parents=True, exist_ok=True)
+    os.environ["OOCGNN_FIGURES"] = str((out / "figures").resolve())   # the kernels inherit it
+    bin_dir = str(Path(sys.executable).parent)                           # the kernel is this environment's
+    if bin_dir not in os.environ.get("PATH", "").split(os.pathsep):
+        os.environ["PATH"] = bin_dir + os.pathsep + os.environ.get("PATH", "")
+    t = time.perf_counter()
+    with ThreadPoolExecutor(args.jobs) as pool:
+        for future in [pool.submit(execute, nb, out) for nb in notebooks]:
+            future.result()                # the first failure ends the command (papermill names the cell)
+    print(f"executed {len(notebooks)} notebooks in {time.perf_counter() - t:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
