@@ -5,7 +5,7 @@ import sys
 import nbformat
 import pytest
 
-from oocgnn.reports import STAMP_KEY, current_report, execute, stamp
+from oocgnn.reports import STAMP_KEY, close, current_report, execute, stamp
 
 CONFTEST = '''
 import pytest
@@ -83,6 +83,29 @@ def test_nbval_checks_a_current_report_without_executing_it(tmp_path):
     (tmp_path / "executed" / "n.ipynb").unlink()       # no report: nbval executes the cell (and it fails)
     r = _nbval(tmp_path)
     assert r.returncode == 1 and "FileNotFoundError" in r.stdout, r.stdout[-2000:]
+
+
+@pytest.mark.parametrize("a, b, ok", [
+    ("0.868", "0.869", True), ("0.851", "0.853", True), ("0.868", "0.872", False), ("0.868", "0.880", False),
+    ("-1.6", "-1.8", True), ("-1.6", "-1.9", False), ("-2.178", "-2.189", True), ("295.402", "295.402", True),
+    ("295.402", "301.0", False), ("0.0", "0.003", False),
+])
+def test_floats_are_close_within_another_cpus_rounding(a, b, ok):
+    assert close(a, b) is ok and close(b, a) is ok
+
+
+@pytest.mark.parametrize("report, ok", [
+    ("acc 0.868 after 480 steps\n", True),      # the third decimal moved: another processor's rounding
+    ("acc 0.900 after 480 steps\n", False),     # a real change
+    ("acc 0.869 after 481 steps\n", False),     # integers stay exact
+    ("acc 0.869 after 480 epochs\n", False),    # so do words
+])
+def test_nbval_tolerates_rounding_in_printed_floats_only(tmp_path, report, ok):
+    src = _notebook(tmp_path / "n.ipynb", "print(open('no-such-file').read())", ["acc 0.869 after 480 steps\n"])
+    (tmp_path / "conftest.py").write_text(CONFTEST.format(executed=str(tmp_path / "executed")))
+    _report(src, tmp_path / "executed", [report])
+    r = _nbval(tmp_path)
+    assert (r.returncode == 0) is ok, r.stdout[-2000:]
 
 
 def test_the_command_refuses_a_missing_notebook(tmp_path):
