@@ -25,6 +25,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from oocgnn.belady import belady_changesets, belady_naive, changeset_hits  # noqa: E402
+from oocgnn.benchtable import BenchTable, add_csv_argument  # noqa: E402
 from oocgnn.cache import CACHE_POLICIES, replay  # noqa: E402
 from oocgnn.macrobatch import macrobatch_fetch  # noqa: E402
 from oocgnn.trace import Trace, cached_trace, synthetic_trace  # noqa: E402
@@ -87,7 +88,9 @@ def main(argv=None):
     ap.add_argument("--macrobatch", default="1,4,16,64,0", help="macrobatch sizes k (0 = whole trace)")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--cache-dir", type=Path, default=REPO / "data" / "traces")
+    add_csv_argument(ap, "data/bench/cache.csv")
     args = ap.parse_args(argv)
+    table = BenchTable(args.csv or REPO / "data" / "bench" / "cache.csv")
 
     t = time.perf_counter()
     if args.trace:
@@ -106,65 +109,110 @@ def main(argv=None):
     # warm up the JIT (numba caches compiled code on disk, but loading it takes a moment)
     small = trace.slice(0, 3)
     for name in CACHE_POLICIES:
-        replay(small, CACHE_POLICIES[name](10, n, **policy_kwargs(name, small)))
-    belady_changesets(small, 10)
+        try:
+            replay(small, CACHE_POLICIES[name](10, n, **policy_kwargs(name, small)))
+        except Exception:       # noqa: BLE001  the policy's own row below says why
+            pass
+    try:
+        belady_changesets(small, 10)
+    except Exception:           # noqa: BLE001  the changeset rows say why
+        pass
 
     print(f"\n1. replay throughput at capacity {cap:,} (median of {args.reps})")
-    rows = []
+    replays = {}
     variants = [(name, {}) for name in CACHE_POLICIES if name not in ("belady", "page-lru")]
     variants += [("belady", {}), ("belady", {"horizon": args.horizon}), ("belady", {"prefetch": False})]
     for name, kw in variants + [("page-lru", {})]:
-        c = cap * trace.row_bytes // 4096 if name == "page-lru" else cap   # same bytes, pages
-        sec, r = timed(lambda: replay(trace, CACHE_POLICIES[name](c, n, **kw, **policy_kwargs(name, trace))),
-                       args.reps)
         label = name + "".join(f" {k}={v}" for k, v in kw.items())
-        rows.append((label, sec, acc / sec, r))
-        print(f"  {label:<24} {sec:7.2f} s {acc / sec / 1e6:7.1f} M acc/s  hit {r.hit_ratio:.3f}  "
-              f"rows read {r.misses:>12,}  pages {r.pages_read:>11,}  init rows {r.init_rows:>10,}", flush=True)
+
+        def one():
+            c = cap * trace.row_bytes // 4096 if name == "page-lru" else cap   # same bytes, pages
+            sec, r = timed(lambda: replay(trace, CACHE_POLICIES[name](c, n, **kw, **policy_kwargs(name, trace))),
+                           args.reps)
+            replays[label] = r
+            print(f"  {label:<24} {sec:7.2f} s {acc / sec / 1e6:7.1f} M acc/s  hit {r.hit_ratio:.3f}  "
+                  f"rows read {r.misses:>12,}  pages {r.pages_read:>11,}  init rows {r.init_rows:>10,}", flush=True)
+            return {"seconds": sec, "acc_per_s": acc / sec, "hit_ratio": r.hit_ratio, "rows_read": r.misses,
+                    "pages_read": r.pages_read, "init_rows": r.init_rows}
+
+        table.run(f"replay {label}", one)
 
     stop = min(args.prefix, len(trace))
     pre = trace.slice(0, stop)
-    sec_np, np_hits = timed(lambda: numpy_lru(trace, cap, stop), 1 if args.reps < 3 else 2)
-    lru_pre = replay(pre, CACHE_POLICIES["lru"](cap, n), per_iteration=True)
-    assert np.array_equal(np_hits, lru_pre.per_iteration.hits), "NumPy LRU disagrees with numba LRU"
-    sec_cs, (init, sets) = timed(lambda: belady_changesets(trace, cap), args.reps)
-    ginex_hits = changeset_hits(trace, init, sets, cap).sum() if acc <= 100_000_000 else None
-    del sets
     nv = min(32, stop)
-    sec_nv, _ = timed(lambda: belady_naive(trace, cap, 0, nv), 1)
-    acc_nv = int(trace.offsets[nv])
-    rate = {label: r for label, _, r, _ in rows}
-    bel = [r for label, _, _, r in rows if label == "belady"][0]
+
+    def numpy_baseline():
+        sec_np, np_hits = timed(lambda: numpy_lru(trace, cap, stop), 1 if args.reps < 3 else 2)
+        lru_pre = replay(pre, CACHE_POLICIES["lru"](cap, n), per_iteration=True)
+        assert np.array_equal(np_hits, lru_pre.per_iteration.hits), "NumPy LRU disagrees with numba LRU"
+        return {"seconds": sec_np, "acc_per_s": pre.accesses / sec_np, "iterations": stop}
+
+    def ginex_baseline():
+        sec_cs, (init, sets) = timed(lambda: belady_changesets(trace, cap), args.reps)
+        ginex_hits = changeset_hits(trace, init, sets, cap).sum() if acc <= 100_000_000 else None
+        bel = replays.get("belady")
+        same = "not checked" if ginex_hits is None or bel is None else "equal" if ginex_hits == bel.hits else "DIFFER"
+        return {"seconds": sec_cs, "acc_per_s": acc / sec_cs, "hits": same, "iterations": len(trace)}
+
+    def naive_baseline():
+        sec_nv, _ = timed(lambda: belady_naive(trace, cap, 0, nv), 1)
+        return {"seconds": sec_nv, "acc_per_s": int(trace.offsets[nv]) / sec_nv, "iterations": nv}
+
+    for name, fn in (("numpy-lru", numpy_baseline), ("ginex-changesets", ginex_baseline),
+                     ("naive-belady", naive_baseline)):
+        table.run(f"baseline {name}", fn)
+    np_lru, ginex, naive = (table.ok(f"baseline {b}") for b in ("numpy-lru", "ginex-changesets", "naive-belady"))
     print(f"\n  baselines (same run):")
-    print(f"  NumPy LRU, {stop} iterations     {pre.accesses / sec_np / 1e6:7.2f} M acc/s  (hits equal numba's: yes)")
-    print(f"  Ginex changesets, whole trace {acc / sec_cs / 1e6:7.2f} M acc/s  ({sec_cs:.2f} s; hits "
-          f"{'equal' if ginex_hits == bel.hits else 'DIFFER' if ginex_hits is not None else 'not checked'})")
-    print(f"  naive Belady, {nv} iterations    {acc_nv / sec_nv / 1e6:7.3f} M acc/s  ({sec_nv:.2f} s)")
-    print(f"\n  ratios: lru {rate['lru'] / (pre.accesses / sec_np):.0f}x the NumPy LRU; belady "
-          f"{rate['belady'] / (acc / sec_cs):.1f}x Ginex's changeset path, "
-          f"{rate['belady'] / (acc_nv / sec_nv):.0f}x the naive Belady")
+    print(f"  NumPy LRU, {stop} iterations     " + (f"{np_lru['acc_per_s'] / 1e6:7.2f} M acc/s  (hits equal "
+                                                   "numba's: yes)" if np_lru else table.na("baseline numpy-lru")))
+    print(f"  Ginex changesets, whole trace " + (f"{ginex['acc_per_s'] / 1e6:7.2f} M acc/s  ({ginex['seconds']:.2f} "
+                                                 f"s; hits {ginex['hits']})" if ginex
+                                                 else table.na("baseline ginex-changesets")))
+    print(f"  naive Belady, {nv} iterations    " + (f"{naive['acc_per_s'] / 1e6:7.3f} M acc/s  "
+                                                  f"({naive['seconds']:.2f} s)" if naive
+                                                  else table.na("baseline naive-belady")))
+    print(f"\n  ratios: lru {table.ratio('replay lru', 'baseline numpy-lru', 'acc_per_s', '{:.0f}x')[1]} the NumPy "
+          f"LRU; belady {table.ratio('replay belady', 'baseline ginex-changesets', 'acc_per_s', '{:.1f}x')[1]} "
+          f"Ginex's changeset path, {table.ratio('replay belady', 'baseline naive-belady', 'acc_per_s', '{:.0f}x')[1]} "
+          "the naive Belady")
     for label in ("belady", "lru"):
-        ok = rate[label] >= 10e6
-        print(f"  target {label} >= 10 M accesses/s: {rate[label] / 1e6:.1f} M -> {'ok' if ok else 'MISSED'}")
+        row = table.ok(f"replay {label}")
+        verdict = (f"{row['acc_per_s'] / 1e6:.1f} M -> {'ok' if row['acc_per_s'] >= 10e6 else 'MISSED'}" if row
+                   else table.na(f"replay {label}"))
+        print(f"  target {label} >= 10 M accesses/s: {verdict}")
 
     print(f"\n2. changeset precomputation, superbatch of S iterations from iteration 0 (median of {args.reps})")
     print(f"  {'S':>4} {'accesses':>10} {'changeset s':>12} {'naive s':>9} {'naive/changeset':>16} {'hits equal':>11}")
     for s in (int(x) for x in args.sizes.split(",")):
         s = min(s, len(trace))
-        t_cs, (i1, c1) = timed(lambda: belady_changesets(trace, cap, 0, s), args.reps)
-        t_nv, (i2, c2) = timed(lambda: belady_naive(trace, cap, 0, s), args.reps)
-        same = np.array_equal(changeset_hits(trace, i1, c1, cap), changeset_hits(trace, i2, c2, cap))
-        print(f"  {s:>4} {int(trace.offsets[s]):>10,} {t_cs:>12.4f} {t_nv:>9.3f} {t_nv / t_cs:>16.1f} "
-              f"{'yes' if same else 'NO':>11}", flush=True)
+
+        def one():
+            t_cs, (i1, c1) = timed(lambda: belady_changesets(trace, cap, 0, s), args.reps)
+            t_nv, (i2, c2) = timed(lambda: belady_naive(trace, cap, 0, s), args.reps)
+            same = np.array_equal(changeset_hits(trace, i1, c1, cap), changeset_hits(trace, i2, c2, cap))
+            print(f"  {s:>4} {int(trace.offsets[s]):>10,} {t_cs:>12.4f} {t_nv:>9.3f} {t_nv / t_cs:>16.1f} "
+                  f"{'yes' if same else 'NO':>11}", flush=True)
+            return {"accesses": int(trace.offsets[s]), "changeset_s": t_cs, "naive_s": t_nv,
+                    "naive_over_changeset": t_nv / t_cs, "hits_equal": same}
+
+        table.run(f"changesets S={s}", one)
 
     print("\n3. macrobatch fetch (BatchGNN): one deduplicated fetch per k iterations, no cache")
-    ks = [int(k) if int(k) > 0 else len(trace) for k in args.macrobatch.split(",")]
-    t = time.perf_counter()
-    df = macrobatch_fetch(trace, ks)
-    df["pages_vs_k1"] = df.fetched_pages / df.fetched_pages.iloc[0]
-    print(df[["k", "macrobatches", "fetched_rows", "fetched_pages", "max_union_rows", "rows_vs_k1",
-              "pages_vs_k1"]].to_string(index=False, float_format=lambda x: f"{x:.3f}"))
-    print(f"  ({time.perf_counter() - t:.1f} s)  load {loadavg()}")
+
+    def macrobatch():
+        ks = [int(k) if int(k) > 0 else len(trace) for k in args.macrobatch.split(",")]
+        t = time.perf_counter()
+        df = macrobatch_fetch(trace, ks)
+        df["pages_vs_k1"] = df.fetched_pages / df.fetched_pages.iloc[0]
+        print(df[["k", "macrobatches", "fetched_rows", "fetched_pages", "max_union_rows", "rows_vs_k1",
+                  "pages_vs_k1"]].to_string(index=False, float_format=lambda x: f"{x:.3f}"))
+        print(f"  ({time.perf_counter() - t:.1f} s)  load {loadavg()}")
+        for rec in df.to_dict("records"):
+            table.add(f"macrobatch k={rec['k']}", **{k: v for k, v in rec.items() if k != "k"})
+
+    if not table.run("macrobatch", macrobatch):
+        print(f"  load {loadavg()}")
+    print(f"  table: {table.path}" + (f" ({len(table.failed())} rows failed)" if table.failed() else ""))
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+from oocgnn.benchtable import BenchTable, add_csv_argument  # noqa: E402
 
 
 def plain_eq5(plan):
@@ -70,9 +71,9 @@ def main(argv=None):
     ap.add_argument("--batch-size", type=int, default=1024, help="training nodes per micro-batch (default 1024)")
     ap.add_argument("--parts-per-macro", type=int, default=20, help="parts per macro batch (default 20)")
     ap.add_argument("--staleness", type=int, default=100, help="history staleness in iterations (default 100)")
+    add_csv_argument(ap, "bench/cache_split.csv under --data")
     args = ap.parse_args(argv)
     from benchmarks.sampler import loadavg
-    from oocgnn.config import TrainConfig
     if args.store:
         from oocgnn.store import open_store
         store = open_store(args.store, verify=False)
@@ -81,25 +82,37 @@ def main(argv=None):
         store = ensure_store(args.preset, args.parts, Path(args.data))[0]
     print(f"{store}, epochs {args.epochs}, batch {args.batch_size}, {args.parts_per_macro} parts/macro, "
           f"staleness {args.staleness}, load {loadavg()}")
+    table = BenchTable(args.csv or Path(args.data) / "bench" / "cache_split.csv")
     for budget in args.budgets.split(","):
-        cfg = TrainConfig.create(store=str(store.path), policy="outre", memory_budget=budget, epochs=args.epochs,
-                                 batch_size=args.batch_size, parts_per_macro=args.parts_per_macro,
-                                 staleness=args.staleness)
-        auto, build_s, plain, rows = sweep(store, cfg, args.epochs)
-        s = auto.split
-        print(f"\nbudget {budget}: split budget {s['split_budget'] / 2**20:.1f} MiB; auto alpha {s['cache_split']:.2f} "
-              f"({s['history_rows']:,} history rows, {s['cache_rows']:,} cache rows; plan built in {build_s:.1f} s); "
-              f"OUTRE's plain Eq. 5 alpha {plain:.2f}")
-        print(f"{'alpha':>5} {'hist rows':>9} {'cache rows':>10} {'pred. saved':>11} {'disk pages':>10} "
-              f"{'feat rows read':>14} {'hist hits':>9}")
-        for r in rows:
-            pred = "-" if r["predicted_saved"] is None else f"{r['predicted_saved']:,.0f}"
-            print(f"{r['alpha']:>5.{2 if r.get('auto') else 1}f} {r['history_rows']:>9,} {r['cache_rows']:>10,} {pred:>11} {r['disk_pages']:>10,} "
-                  f"{r['feature_rows_read']:>14,} {r['history_hits']:>9,}")
-        best = min(rows[:-1], key=lambda r: r["disk_pages"])
-        print(f"brute-force best alpha {best['alpha']:.1f} (fewest disk pages); auto {s['cache_split']:.2f}, "
-              f"plain Eq. 5 {plain:.2f}")
+        table.run(budget, lambda: one_budget(store, budget, args))
+    for r in table.failed():
+        print(f"\nbudget {r['config']}: {r['status']}")
     print(f"load after: {loadavg()}")
+
+
+def one_budget(store, budget, args):
+    """Sweep one budget, print its table; the CSV row: auto's choice against the brute-force best."""
+    from oocgnn.config import TrainConfig
+    cfg = TrainConfig.create(store=str(store.path), policy="outre", memory_budget=budget, epochs=args.epochs,
+                             batch_size=args.batch_size, parts_per_macro=args.parts_per_macro,
+                             staleness=args.staleness)
+    auto, build_s, plain, rows = sweep(store, cfg, args.epochs)
+    s = auto.split
+    print(f"\nbudget {budget}: split budget {s['split_budget'] / 2**20:.1f} MiB; auto alpha {s['cache_split']:.2f} "
+          f"({s['history_rows']:,} history rows, {s['cache_rows']:,} cache rows; plan built in {build_s:.1f} s); "
+          f"OUTRE's plain Eq. 5 alpha {plain:.2f}")
+    print(f"{'alpha':>5} {'hist rows':>9} {'cache rows':>10} {'pred. saved':>11} {'disk pages':>10} "
+          f"{'feat rows read':>14} {'hist hits':>9}")
+    for r in rows:
+        pred = "-" if r["predicted_saved"] is None else f"{r['predicted_saved']:,.0f}"
+        print(f"{r['alpha']:>5.{2 if r.get('auto') else 1}f} {r['history_rows']:>9,} {r['cache_rows']:>10,} {pred:>11} {r['disk_pages']:>10,} "
+              f"{r['feature_rows_read']:>14,} {r['history_hits']:>9,}")
+    best = min(rows[:-1], key=lambda r: r["disk_pages"])
+    print(f"brute-force best alpha {best['alpha']:.1f} (fewest disk pages); auto {s['cache_split']:.2f}, "
+          f"plain Eq. 5 {plain:.2f}")
+    return {"split_budget": s["split_budget"], "auto_alpha": s["cache_split"], "history_rows": s["history_rows"],
+            "cache_rows": s["cache_rows"], "plan_s": build_s, "plain_eq5_alpha": plain, "best_alpha": best["alpha"],
+            "best_disk_pages": best["disk_pages"], "auto_disk_pages": rows[-1]["disk_pages"]}
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks import train as bench_train  # noqa: E402
+from oocgnn.benchtable import BenchTable, add_csv_argument  # noqa: E402
 
 DEFAULT_POLICIES = "inmemory,mmap,hierbatching,outre,ginex,macrobatch,marius,marius-beta"
 
@@ -81,7 +82,12 @@ def main(argv=None):
                          "(a virtual disk's rates follow its host's cache: a file read minutes ago reads randomly "
                          "several times faster than one untouched for days, so a run's rates are those of its time)")
     ap.add_argument("--out", default="", help="write <out>.csv and <out>.png (default: print only)")
+    add_csv_argument(ap, "bench/costmodel.csv under --data")
     args = ap.parse_args(argv)
+    names = args.policies.split(",")
+    unknown = [n for n in names if n not in bench_train.VARIANTS]
+    if unknown:                                   # before the calibration, not after it
+        ap.error(f"unknown configuration(s) {', '.join(unknown)}; choose from {', '.join(bench_train.VARIANTS)}")
 
     import pandas as pd
     from oocgnn import costmodel
@@ -95,7 +101,11 @@ def main(argv=None):
             "fanouts": args.fanouts, "max_eval_nodes": args.eval_nodes, "progress": False, "force": True,
             "epochs": 1, "physical_parts": args.physical_parts, "superbatch": args.superbatch,
             "macrobatch": args.macrobatch, "static_ratio": 0.01}
-    base["parts_per_megabatch"] = bench_train.choose_megabatch(store, base)
+    no_megabatch = None
+    try:
+        base["parts_per_megabatch"] = bench_train.choose_megabatch(store, base)
+    except UserError as e:                      # the configurations with mega-batches are rows saying so
+        no_megabatch = e
     cache = args.cache_dir or None
     print(f"store {store.path}: {store.num_nodes:,} nodes, budget {args.budget}, load {loadavg()}", flush=True)
     rates = measure_disk(store, cache) if args.disk_once else None     # else measured before each run
@@ -104,62 +114,71 @@ def main(argv=None):
           f"{costs.sample_s * 1e9:.0f} ns/expanded node, gather {costs.gather_step_s * 1e3:.2f} ms/step + "
           f"{costs.gather_s * 1e9:.0f} ns/row, compute {costs.compute_step_s * 1e3:.2f} ms/step + "
           f"{costs.compute_s * 1e9:.0f} ns/row, load {loadavg()}", flush=True)
-    rows = []
+    table = BenchTable(args.csv or Path(args.data) / "bench" / "costmodel.csv")
     with tempfile.TemporaryDirectory(prefix="oocgnn-costmodel-") as tmp:
-        for name in args.policies.split(","):
-            if name not in bench_train.VARIANTS:
-                raise SystemExit(f"unknown configuration {name!r}; choose from {', '.join(bench_train.VARIANTS)}")
+        for name in names:
             policy, over = bench_train.VARIANTS[name]
             # steady state: a fresh process's first steps (allocations, thread pools) are not an epoch's,
             # nor is a window's first phase (its first group's load stands alone); both sides skip them
             cfg = TrainConfig.create(**{**base, **over, "policy": policy, "epochs": 1 if args.steps else 2,
                                         "out": str(Path(tmp) / name)})
-            try:
-                plan = make_plan(store, cfg)
-            except UserError as e:
-                print(f"  {name:<14} skipped: {e}", flush=True)
-                continue
-            if not args.disk_once:
-                rates = measure_disk(store, cache, indent="  ")
-            skip = 0
-            if args.steps:
-                first = costmodel.predict(store, plan, rates, costs, steps=args.steps)["first_phase_steps"]
-                skip = max(SKIP, first if first < args.steps else 0)
-                cfg = cfg.replace(max_steps=args.steps + skip)
-                plan = make_plan(store, cfg)
-            pred = costmodel.predict(store, plan, rates, costs, steps=args.steps + skip if args.steps else None)
-            load = loadavg()
-            s = train_fresh(cfg)
-            measured = steady_epoch_s(s, skip)
-            check = costmodel.check_prediction(pred, measured, args.tolerance)
-            rows.append({"config": name, "steps": s["steps"], "epoch_steps": s["epoch_steps"],
-                         "predicted_s": pred["epoch_s"], "measured_s": measured, "ratio": check["ratio"],
-                         "within": check["within"], "cpu_s": pred["sample"] + pred["gather"] + pred["compute"],
-                         "read_s": pred["read"], "load_s": pred["load"], "fg_s": pred["fg"], "bg_s": pred["bg"],
-                         "exact_io": pred["exact_io"], "measured_stages": s["stage_s"], "load": load,
-                         "disk_iops": rates.iops, "disk_iops_qd1": rates.iops_qd1})
-            # where a miss comes from: each foreground stage, predicted (an epoch's) and measured (steady)
-            scale = pred["epoch_s"] / max(pred["seconds"], 1e-12)
-            stages = {k: (pred[k] * scale, steady_epoch_s(s, skip, f"{k}_s")) for k in ("sample", "gather", "compute")}
-            rows[-1].update({f"{k}_pred_s": a for k, (a, _) in stages.items()})
-            rows[-1].update({f"{k}_meas_s": b for k, (_, b) in stages.items()})
-            # the loads' processor time (residency copies, a group's subgraph), an epoch's: measured by thread_time
-            st = s["stage_s"]
-            bg_meas = (st.get("bg_load_cpu", 0.0) + st.get("bg_subgraph_cpu", 0.0)) * s["epoch_steps"] / max(s["steps"], 1)
-            rows[-1].update(load_cpu_pred_s=pred["load_cpu"] * scale, load_cpu_meas_s=bg_meas)
-            print(f"  {name:<14} predicted {pred['epoch_s']:8.2f} s  measured {measured:8.2f} s  "
-                  f"ratio {check['ratio']:.2f}  load {load}\n{'':16} " +
-                  "  ".join(f"{k} {a:.2f}/{b:.2f}" for k, (a, b) in stages.items()) +
-                  f"  (predicted/measured s); predicted reads {pred['read'] * scale:.2f}, loads "
-                  f"{pred['load'] * scale:.2f} + CPU {pred['load_cpu'] * scale:.2f} s (measured CPU {bg_meas:.2f} s)",
-                  flush=True)
-    df = pd.DataFrame(rows)
+
+            def one():
+                nonlocal rates
+                if no_megabatch and policy in ("hierbatching", "composed"):
+                    raise no_megabatch
+                plan = make_plan(store, cfg)          # a plan over the budget: its row says so
+                if not args.disk_once:
+                    rates = measure_disk(store, cache, indent="  ")
+                skip, run_cfg = 0, cfg
+                if args.steps:
+                    first = costmodel.predict(store, plan, rates, costs, steps=args.steps)["first_phase_steps"]
+                    skip = max(SKIP, first if first < args.steps else 0)
+                    run_cfg = cfg.replace(max_steps=args.steps + skip)
+                    plan = make_plan(store, run_cfg)
+                pred = costmodel.predict(store, plan, rates, costs, steps=args.steps + skip if args.steps else None)
+                load = loadavg()
+                s = train_fresh(run_cfg)
+                measured = steady_epoch_s(s, skip)
+                check = costmodel.check_prediction(pred, measured, args.tolerance)
+                row = {"steps": s["steps"], "epoch_steps": s["epoch_steps"],
+                       "predicted_s": pred["epoch_s"], "measured_s": measured, "ratio": check["ratio"],
+                       "within": check["within"], "cpu_s": pred["sample"] + pred["gather"] + pred["compute"],
+                       "read_s": pred["read"], "load_s": pred["load"], "fg_s": pred["fg"], "bg_s": pred["bg"],
+                       "exact_io": pred["exact_io"], "measured_stages": s["stage_s"], "load": load,
+                       "disk_iops": rates.iops, "disk_iops_qd1": rates.iops_qd1}
+                # where a miss comes from: each foreground stage, predicted (an epoch's) and measured (steady)
+                scale = pred["epoch_s"] / max(pred["seconds"], 1e-12)
+                stages = {k: (pred[k] * scale, steady_epoch_s(s, skip, f"{k}_s"))
+                          for k in ("sample", "gather", "compute")}
+                row.update({f"{k}_pred_s": a for k, (a, _) in stages.items()})
+                row.update({f"{k}_meas_s": b for k, (_, b) in stages.items()})
+                # the loads' processor time (residency copies, a group's subgraph), an epoch's: measured by thread_time
+                st = s["stage_s"]
+                bg_meas = ((st.get("bg_load_cpu", 0.0) + st.get("bg_subgraph_cpu", 0.0))
+                           * s["epoch_steps"] / max(s["steps"], 1))
+                row.update(load_cpu_pred_s=pred["load_cpu"] * scale, load_cpu_meas_s=bg_meas)
+                print(f"  {name:<14} predicted {pred['epoch_s']:8.2f} s  measured {measured:8.2f} s  "
+                      f"ratio {check['ratio']:.2f}  load {load}\n{'':16} " +
+                      "  ".join(f"{k} {a:.2f}/{b:.2f}" for k, (a, b) in stages.items()) +
+                      f"  (predicted/measured s); predicted reads {pred['read'] * scale:.2f}, loads "
+                      f"{pred['load'] * scale:.2f} + CPU {pred['load_cpu'] * scale:.2f} s "
+                      f"(measured CPU {bg_meas:.2f} s)",
+                      flush=True)
+                return row
+
+            table.run(name, one)
+    df = pd.DataFrame([{k: v for k, v in r.items() if k != "status"} for r in table.rows if table.ok(r["config"])])
     if df.empty:
-        raise SystemExit("no configuration fits the budget")
+        print(f"no configuration ran (the rows above say why); table {table.path}")
+        return df
     shown = df.drop(columns=["measured_stages"])
     print(shown.to_string(index=False, float_format=lambda v: f"{v:.3g}"))
+    for r in table.failed():
+        print(f"{r['config']:>10} {r['status']}")
     print(f"within ±{args.tolerance:.0%}: {int(df['within'].sum())} of {len(df)}; median |ratio - 1| "
           f"{statistics.median(abs(df['ratio'] - 1)):.2f}; load {loadavg()}")
+    print(f"table: {table.path}")
     if args.out:
         import matplotlib
         matplotlib.use("Agg")

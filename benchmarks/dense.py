@@ -20,6 +20,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+from oocgnn.benchtable import BenchTable, add_csv_argument  # noqa: E402
 
 
 def measure(lists, fanouts, batches, seed=7):
@@ -52,6 +53,7 @@ def main(argv=None):
     ap.add_argument("--threads", type=int, default=2, help="numba threads (default 2)")
     ap.add_argument("--data", default=str(REPO / "data"), help="data directory (default data/)")
     ap.add_argument("--store", default="", help="an existing store to sample instead of data/<preset> (default: none)")
+    add_csv_argument(ap, "bench/dense.csv under --data")
     args = ap.parse_args(argv)
     import numba
     import numpy as np
@@ -72,13 +74,19 @@ def main(argv=None):
           f"{args.batch_size}, {args.threads} threads, load {bench.loadavg()}")
     print(f"{'fanouts':>10} {'draws per-hop':>14} {'dense':>10} {'ratio':>6} {'rows per-hop':>13} {'dense':>10} "
           f"{'ms per-hop':>11} {'dense':>8} {'ratio':>6}")
+    table = BenchTable(args.csv or Path(args.data) / "bench" / "dense.csv")
     rows = []
     for fanouts in configs:
-        m = measure(lists, fanouts, batches)
-        (d0, r0, s0), (d1, r1, s1) = m["per-hop"], m["dense"]
-        rows.append({"fanouts": fanouts, "draw_ratio": d0 / d1, "time_ratio": s0 / s1})
-        print(f"{','.join(map(str, fanouts)):>10} {d0:>14,.0f} {d1:>10,.0f} {d0 / d1:>5.2f}x {r0:>13,.0f} {r1:>10,.0f} "
-              f"{1e3 * s0:>11.2f} {1e3 * s1:>8.2f} {s0 / s1:>5.2f}x")
+        def one():
+            m = measure(lists, fanouts, batches)
+            (d0, r0, s0), (d1, r1, s1) = m["per-hop"], m["dense"]
+            rows.append({"fanouts": fanouts, "draw_ratio": d0 / d1, "time_ratio": s0 / s1})
+            print(f"{','.join(map(str, fanouts)):>10} {d0:>14,.0f} {d1:>10,.0f} {d0 / d1:>5.2f}x {r0:>13,.0f} "
+                  f"{r1:>10,.0f} {1e3 * s0:>11.2f} {1e3 * s1:>8.2f} {s0 / s1:>5.2f}x")
+            return {"draws_per_hop": d0, "draws_dense": d1, "draw_ratio": d0 / d1, "rows_per_hop": r0, "rows_dense": r1,
+                    "ms_per_hop": 1e3 * s0, "ms_dense": 1e3 * s1, "time_ratio": s0 / s1}
+
+        table.run(",".join(map(str, fanouts)), one)     # a failed one is its line in the table
     print(f"load after: {bench.loadavg()}")
     return rows
 

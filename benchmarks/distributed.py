@@ -22,6 +22,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+from oocgnn.benchtable import BenchTable, add_csv_argument, check_process  # noqa: E402
 
 
 def loadavg():
@@ -48,8 +49,7 @@ def run_ranks(store, ranks, out, args):
            "--batch-size", str(args.batch_size), "--fanouts", args.fanouts, "--macrobatch", str(args.macrobatch),
            "--max-eval-nodes", str(args.eval_nodes), "--device", args.device]
     r = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    if r.returncode:
-        raise SystemExit(f"{ranks}-rank run failed: {(r.stdout + r.stderr)[-3000:]}")
+    check_process(r)
     return json.loads((out / "summary.json").read_text())
 
 
@@ -72,6 +72,7 @@ def main(argv=None):
                                                        "local rank; ranks sharing one GPU use gloo for gradients)")
     ap.add_argument("--no-runs", action="store_true", help="only the projection (no torchrun runs)")
     ap.add_argument("--data", type=Path, default=REPO / "data", help="directory of the stores")
+    add_csv_argument(ap, "bench/distributed.csv under --data")
     args = ap.parse_args(argv)
     import pandas as pd
     from oocgnn.distributed import TRAFFIC, projection, simulate_exchange
@@ -80,31 +81,53 @@ def main(argv=None):
     fanouts = [int(f) for f in args.fanouts.split(",")]
     print(f"store {store.path}: N={store.num_nodes:,}, E={store.num_edges:,}, {store.num_parts} parts, "
           f"train {len(store.train_idx):,}; load {loadavg()}")
+    bench = BenchTable(args.csv or args.data / "bench" / "distributed.csv")
     if not args.no_runs:
         runs = {}
         with tempfile.TemporaryDirectory(prefix="oocgnn-dist-") as tmp:
             for ranks in (1, 2):
-                runs[ranks] = run_ranks(store, ranks, Path(tmp) / f"r{ranks}", args)
-        table = pd.DataFrame([{"ranks": r, "device": s["device"], "backend": s["backend"], "policy": s["policy"],
-                               "k": s["macrobatch"], "epoch_s": s["epoch_s"],
-                               "rows_exchanged": s["exchange"]["rows_recv"],
-                               "lists_exchanged": s["exchange"]["lists_recv"],
-                               "MiB_exchanged": round(s["exchange"]["bytes_recv"] / 2**20, 1),
-                               "best_val": round(s["best_val_acc"], 4), "test_at_best": round(s["test_at_best_val"], 4)}
-                              for r, s in runs.items()])
+                def one():
+                    s = runs[ranks] = run_ranks(store, ranks, Path(tmp) / f"r{ranks}", args)
+                    return {"ranks": ranks, "device": s["device"], "backend": s["backend"], "policy": s["policy"],
+                            "k": s["macrobatch"], "epoch_s": s["epoch_s"],
+                            "rows_exchanged": s["exchange"]["rows_recv"],
+                            "lists_exchanged": s["exchange"]["lists_recv"],
+                            "MiB_exchanged": round(s["exchange"]["bytes_recv"] / 2**20, 1),
+                            "best_val": round(s["best_val_acc"], 4), "test_at_best": round(s["test_at_best_val"], 4)}
+
+                bench.run(f"{ranks} rank{'s' if ranks > 1 else ''}", one)
+        table = pd.DataFrame([{k: v for k, v in r.items() if k not in ("config", "status")}
+                              for r in bench.rows if r["status"] == "ok"])
         print(f"\nexecuted ({args.epochs} epochs, batch {args.batch_size}, fanouts {args.fanouts}):")
-        print(table.to_string(index=False))
-        print(f"epoch time 2 ranks / 1 rank: {runs[2]['epoch_s'] / max(1e-9, runs[1]['epoch_s']):.2f}x "
+        if not table.empty:
+            print(table.to_string(index=False))
+        for r in bench.failed():
+            print(f"{r['config']}: {r['status']}")
+        print(f"epoch time 2 ranks / 1 rank: {bench.ratio('2 ranks', '1 rank', 'epoch_s')[1]} "
               f"(2 cores shared by both ranks: no speed-up expected); load {loadavg()}")
-        sim = simulate_exchange(store, 2, args.macrobatch, args.batch_size, fanouts, epochs=args.epochs)
-        same = all(rk[key] == int(sim.groupby("rank")[key].sum()[rk["rank"]])
-                   for rk in runs[2]["ranks"] for key in TRAFFIC)
-        print(f"2-rank traffic executed == simulated, rank by rank: {same}")
+
+        def check():
+            sim = simulate_exchange(store, 2, args.macrobatch, args.batch_size, fanouts, epochs=args.epochs)
+            return {"traffic_as_simulated": all(rk[key] == int(sim.groupby("rank")[key].sum()[rk["rank"]])
+                                                for rk in runs[2]["ranks"] for key in TRAFFIC)}
+
+        if 2 not in runs:
+            print(f"2-rank traffic executed == simulated, rank by rank: {bench.na('2 ranks')}")
+        elif bench.run("2-rank traffic check", check):
+            same = bench.ok("2-rank traffic check")["traffic_as_simulated"]
+            print(f"2-rank traffic executed == simulated, rank by rank: {same}")
     ks = [int(k) for k in args.ks.split(",")]
     worlds = [int(r) for r in args.project_ranks.split(",") if r and int(r) <= store.num_parts]
     if not worlds:
         return
-    proj = projection(store, worlds, ks, args.batch_size, fanouts)
+    for world in worlds:                          # a row per R and k: one that fails leaves the others
+        for k in ks:
+            bench.run(f"projected R={world} k={k}",
+                      lambda: projection(store, [world], [k], args.batch_size, fanouts).iloc[0].to_dict())
+    proj = pd.DataFrame([{k: v for k, v in r.items() if k not in ("config", "status")}
+                         for r in bench.rows if r["status"] == "ok" and r["config"].startswith("projected")])
+    if proj.empty:
+        return
     proj["GiB_per_epoch"] = (proj["bytes"] / 2**30).round(3)
     base = proj[proj.k == ks[0]].set_index("ranks")["rows"]
     proj[f"rows_vs_k{ks[0]}"] = (proj["rows"] / proj["ranks"].map(base)).round(3)

@@ -29,6 +29,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks import sampler as _shared    # noqa: E402  its store preparation and load report are shared
+from oocgnn.benchtable import BenchTable, add_csv_argument  # noqa: E402
 loadavg, ensure_store = _shared.loadavg, _shared.ensure_store
 
 
@@ -48,6 +49,7 @@ def main(argv=None):
     ap.add_argument("--data", default=str(REPO / "data"), help="data directory (default data/)")
     ap.add_argument("--store", default="", help="an existing store to evaluate on instead of data/<preset> "
                                                 "(default none)")
+    add_csv_argument(ap, "bench/eval.csv under --data")
     args = ap.parse_args(argv)
 
     import numpy as np
@@ -92,40 +94,70 @@ def main(argv=None):
 
     ram_rows = lambda ids: feats[torch.from_numpy(ids)]                          # noqa: E731
     disk_rows = lambda ids: torch.from_numpy(direct.read_rows(ids))              # noqa: E731
-    lw = LayerwiseEval(sampler, fanouts, nodes, store.feat_dim, disk_rows, budget)
-    t = time.perf_counter()
-    lw.memory()                                                                  # plans (samples) once
-    plan_s = time.perf_counter() - t
-    lw_ram = LayerwiseEval(sampler, fanouts, nodes, store.feat_dim, ram_rows, budget)
-    lw_ram.layers, lw_ram.input_ids = lw.layers, lw.input_ids
+    table = BenchTable(args.csv or Path(args.data) / "bench" / "eval.csv")
+    lw = lw_ram = plan_s = None
+
+    def plan():                                                                  # both layer-wise paths' blocks
+        nonlocal lw, lw_ram, plan_s
+        lw = LayerwiseEval(sampler, fanouts, nodes, store.feat_dim, disk_rows, budget)
+        t = time.perf_counter()
+        lw.memory()                                                              # plans (samples) once
+        plan_s = time.perf_counter() - t
+        lw_ram = LayerwiseEval(sampler, fanouts, nodes, store.feat_dim, ram_rows, budget)
+        lw_ram.layers, lw_ram.input_ids = lw.layers, lw.input_ids
+
     paths = {"inmemory": per_batch(ram_rows), "per-row": per_batch(disk_rows),
              "layerwise": lambda: lw.accuracy(model, labels, sets),
              "layerwise-ram": lambda: lw_ram.accuracy(model, labels, sets)}
+    if not table.run("layerwise", plan):                                        # neither layer-wise path runs
+        table.add("layerwise-ram", table.status("layerwise"))
+        del paths["layerwise"], paths["layerwise-ram"]
     times, accs = {k: [] for k in paths}, {}
-    for name, fn in paths.items():
-        accs[name] = fn()                                                        # warm-up (compilation)
+
+    def warm_up(name, fn):
+        accs[name] = fn()                                                        # compilation
+
+    def timed(name, fn):
+        drop_file_cache(store.features_path)
+        io0 = direct.stats.snapshot()
+        t = time.perf_counter()
+        fn()
+        times[name].append(time.perf_counter() - t)
+        io = direct.stats - io0
+        row = {"median_s": statistics.median(times[name]), "reps": len(times[name]),
+               "val_acc": accs[name]["val"], "test_acc": accs[name]["test"]}
+        if name in ("per-row", "layerwise"):
+            accs[name + " read"] = (io.bytes_read, io.requests)
+            row.update(bytes_read=io.bytes_read, requests=io.requests)
+        return row
+
+    for name, fn in list(paths.items()):
+        if not table.run(name, lambda: warm_up(name, fn)):                       # a failed path runs no more
+            del paths[name]
     for _ in range(args.reps):                                                   # interleaved: same load
-        for name, fn in paths.items():
-            drop_file_cache(store.features_path)
-            io0 = direct.stats.snapshot()
-            t = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - t)
-            io = direct.stats - io0
-            if name in ("per-row", "layerwise"):
-                accs[name + " read"] = (io.bytes_read, io.requests)
-    base = statistics.median(times["inmemory"])
-    mem = lw.memory()
-    print(f"layer-wise: {len(lw.input_ids):,} input rows ({format_size(mem['input_rows'])}), blocks "
-          f"{format_size(mem['blocks'])}, planned in {plan_s:.2f} s (once per run); spilled: {lw.spilled or 'nothing'}")
+        for name, fn in list(paths.items()):
+            if not table.run(name, lambda: timed(name, fn)):
+                del paths[name]
+    if lw is not None:
+        mem = lw.memory()
+        print(f"layer-wise: {len(lw.input_ids):,} input rows ({format_size(mem['input_rows'])}), blocks "
+              f"{format_size(mem['blocks'])}, planned in {plan_s:.2f} s (once per run); spilled: "
+              f"{lw.spilled or 'nothing'}")
     print(f"{'path':14s} {'median s':>9s} {'ratio':>6s}  val / test acc   read")
-    for name in paths:
-        s = statistics.median(times[name])
+    for name in ("inmemory", "per-row", "layerwise", "layerwise-ram"):
+        r = table.ok(name)
+        if not r:
+            print(f"{name:14s} {table.status(name)}")
+            continue
+        x, ratio = table.ratio(name, "inmemory", "median_s", "{:6.2f}")
+        if x is not None:
+            table.add(name, vs_inmemory=x)
         read = accs.get(name + " read")
         extra = f"  {format_size(read[0])} in {read[1]:,} requests" if read else ""
-        print(f"{name:14s} {s:9.3f} {s / base:6.2f}  {accs[name]['val']:.4f} / {accs[name]['test']:.4f}{extra}")
-    print(f"ratio layerwise / inmemory: {statistics.median(times['layerwise']) / base:.2f} (goal <= 2); "
-          f"per-row / inmemory: {statistics.median(times['per-row']) / base:.2f}; loadavg at end: {loadavg()}")
+        print(f"{name:14s} {r['median_s']:9.3f} {ratio}  {r['val_acc']:.4f} / {r['test_acc']:.4f}{extra}")
+    print(f"ratio layerwise / inmemory: {table.ratio('layerwise', 'inmemory', 'median_s', '{:.2f}')[1]} (goal <= 2); "
+          f"per-row / inmemory: {table.ratio('per-row', 'inmemory', 'median_s', '{:.2f}')[1]}; "
+          f"loadavg at end: {loadavg()}")
     direct.close()
 
 

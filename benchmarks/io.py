@@ -20,6 +20,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from oocgnn import direct as odirect  # noqa: E402
+from oocgnn.benchtable import BenchTable, add_csv_argument  # noqa: E402
 from oocgnn.units import format_size, parse_size  # noqa: E402
 
 D, STRIDE, PAGE, MiB = 128, 512, 4096, 1 << 20
@@ -139,9 +140,11 @@ def main(argv=None):
     ap.add_argument("--range-request", default="1MiB", help="DirectReader read_range request size")
     ap.add_argument("--range-depth", type=int, default=2, help="DirectReader read_range requests in flight")
     ap.add_argument("--keep", action="store_true", help="keep the file for the next run")
+    add_csv_argument(ap, "io.csv under --dir")
     a = ap.parse_args(argv)
     reps = max(3, a.reps)
     path = Path(a.dir) / "features_d128.bin"
+    table = BenchTable(a.csv or Path(a.dir) / "io.csv", columns=["unit", "median", "min", "max", "reps"])
     print(f"loadavg at start: {loadavg()}")
     rows = make_file(path, parse_size(a.size))
     size = rows * STRIDE
@@ -151,7 +154,14 @@ def main(argv=None):
     results = {}  # name -> (unit, [values])
 
     def record(name, unit, value):
-        results.setdefault(name, (unit, []))[1].append(value)
+        vals = results.setdefault(name, (unit, []))[1]
+        vals.append(value)
+        table.add(name, unit=unit, median=statistics.median(vals), min=min(vals), max=max(vals), reps=len(vals))
+
+    def measure(name, fn):
+        """fn() records its measurements; one that fails is a row saying why and is not run again."""
+        if name not in dead and not table.run(name, fn):
+            dead.add(name)
 
     def seq_offsets(nbytes, req):
         start = int(rng.integers(0, (size - nbytes) // req + 1)) * req  # a fresh region each time
@@ -161,57 +171,79 @@ def main(argv=None):
     uring = odirect.uring_usable()
     print(f"measuring ({reps} reps each; liburing {'available' if uring else 'MISSING'}) ...", flush=True)
     # readers persist across calls (as in training): their buffers are warmed by one call first
-    readers = {b: odirect.DirectReader(path, rows, D, backend=b, threads=a.threads, queue_depth=a.queue_depth,
-                                   range_request=parse_size(a.range_request), range_depth=a.range_depth)
-               for b in (["uring"] if uring else []) + ["threads"]}
-    for r in readers.values():
-        r.read_rows(rng.choice(rows, a.rows, replace=False))
+    readers, dead = {}, set()
+    for b in (["uring"] if uring else []) + ["threads"]:
+        def open_reader():
+            r = readers[b] = odirect.DirectReader(path, rows, D, backend=b, threads=a.threads,
+                                                  queue_depth=a.queue_depth, range_depth=a.range_depth,
+                                                  range_request=parse_size(a.range_request))
+            r.read_rows(rng.choice(rows, a.rows, replace=False))
+        if not table.run(f"reader[{b}]", open_reader) and b in readers:
+            readers.pop(b).close()
+
+    def raw_seq(name, read):
+        measure(name, lambda: record(name, "MiB/s", nseq / MiB / read()))
+
+    def raw_rand(name, read):
+        def one():
+            offs = (rng.choice(size // PAGE, a.ios, replace=False) * PAGE).tolist()
+            record(name, "IOPS", a.ios / read(offs))
+        measure(name, one)
+
+    def gather(backend, r):
+        r.stats.reset()
+        ids = rng.choice(rows, a.rows, replace=False)
+        out = r.read_rows(ids)
+        s = r.stats
+        check_rows(out, ids)
+        record(f"reader[{backend}] gather rows/s", "rows/s", a.rows / s.seconds)
+        record(f"reader[{backend}] gather pages/s", "IOPS", s.pages / s.seconds)
+        record(f"reader[{backend}] gather requests/call", "req", s.requests)
+
+    def read_range(backend, r):
+        r.stats.reset()
+        lo = int(rng.integers(0, rows - nseq // STRIDE))
+        out = r.read_range(lo, lo + nseq // STRIDE)
+        check_rows(out[::997], np.arange(lo, lo + nseq // STRIDE)[::997])
+        record(f"reader[{backend}] read_range", "MiB/s", nseq / MiB / r.stats.seconds)
+
     for rep in range(reps):
         print(f"  rep {rep + 1}/{reps}  loadavg {loadavg()}", flush=True)
-        record("raw seq 1MiB QD1", "MiB/s", nseq / MiB / raw_threads(fd, seq_offsets(nseq, MiB), MiB, 1))
-        record("raw seq 1MiB 4 threads", "MiB/s", nseq / MiB / raw_threads(fd, seq_offsets(nseq, MiB), MiB, 4))
+        raw_seq("raw seq 1MiB QD1", lambda: raw_threads(fd, seq_offsets(nseq, MiB), MiB, 1))
+        raw_seq("raw seq 1MiB 4 threads", lambda: raw_threads(fd, seq_offsets(nseq, MiB), MiB, 4))
         if uring:
-            record("raw seq 1MiB uring QD4", "MiB/s", nseq / MiB / raw_uring(fd, seq_offsets(nseq, MiB), MiB, 4))
+            raw_seq("raw seq 1MiB uring QD4", lambda: raw_uring(fd, seq_offsets(nseq, MiB), MiB, 4))
         for nt in (16, 32, 64):
-            offs = (rng.choice(size // PAGE, a.ios, replace=False) * PAGE).tolist()
-            record(f"raw rand 4K {nt} threads", "IOPS", a.ios / raw_threads(fd, offs, PAGE, nt))
+            raw_rand(f"raw rand 4K {nt} threads", lambda offs: raw_threads(fd, offs, PAGE, nt))
         if uring:
-            offs = (rng.choice(size // PAGE, a.ios, replace=False) * PAGE).tolist()
-            record("raw rand 4K uring QD64", "IOPS", a.ios / raw_uring(fd, offs, PAGE, 64))
+            raw_rand("raw rand 4K uring QD64", lambda offs: raw_uring(fd, offs, PAGE, 64))
         for backend, r in readers.items():
-            r.stats.reset()
-            ids = rng.choice(rows, a.rows, replace=False)
-            out = r.read_rows(ids)
-            s = r.stats
-            check_rows(out, ids)
-            record(f"reader[{backend}] gather rows/s", "rows/s", a.rows / s.seconds)
-            record(f"reader[{backend}] gather pages/s", "IOPS", s.pages / s.seconds)
-            record(f"reader[{backend}] gather requests/call", "req", s.requests)
-            del out
-            r.stats.reset()
-            lo = int(rng.integers(0, rows - nseq // STRIDE))
-            out = r.read_range(lo, lo + nseq // STRIDE)
-            check_rows(out[::997], np.arange(lo, lo + nseq // STRIDE)[::997])
-            record(f"reader[{backend}] read_range", "MiB/s", nseq / MiB / r.stats.seconds)
-            del out
+            measure(f"reader[{backend}] gather", lambda: gather(backend, r))
+            measure(f"reader[{backend}] read_range", lambda: read_range(backend, r))
     for r in readers.values():
         r.close()
     os.close(fd)
 
-    med = {k: statistics.median(v) for k, (_, v) in results.items()}
-    best_seq = max(v for k, v in med.items() if k.startswith("raw seq"))
-    best_rand = max(v for k, v in med.items() if k.startswith("raw rand"))
+    med = {k: statistics.median(v) for k, (_, v) in results.items() if table.ok(k)}
+    best_seq = max((v for k, v in med.items() if k.startswith("raw seq")), default=None)
+    best_rand = max((v for k, v in med.items() if k.startswith("raw rand")), default=None)
     print(f"\nfile {path} ({format_size(size)}, {rows:,} rows x 512 B), "
           f"{a.rows:,} random rows per gather, {a.range_mib} MiB per sequential read, {reps} reps")
     print(f"{'measurement':<36}{'unit':>8}{'median':>12}{'min':>12}{'max':>12}{'vs raw best':>13}")
     for k, (unit, vals) in results.items():
-        ratio = ""
-        if k.startswith("reader") and unit == "IOPS":
-            ratio = f"{med[k] / best_rand:.2f}"
-        elif k.startswith("reader") and unit == "MiB/s":
-            ratio = f"{med[k] / best_seq:.2f}"
+        if k not in med:
+            continue
+        ratio, best = "", best_rand if unit == "IOPS" else best_seq
+        if k.startswith("reader") and unit in ("IOPS", "MiB/s"):
+            ratio = f"{med[k] / best:.2f}" if best else "-"
+            table.add(k, vs_raw_best=med[k] / best if best else None)
         print(f"{k:<36}{unit:>8}{med[k]:>12,.0f}{min(vals):>12,.0f}{max(vals):>12,.0f}{ratio:>13}")
-    print(f"raw best: sequential {best_seq:,.0f} MiB/s, random 4K {best_rand:,.0f} IOPS (target: reader >= 0.8 x)")
+    for r in table.failed():
+        print(f"{r['config']:<36}  {r['status']}")
+    best_text = {"sequential": f"{best_seq:,.0f} MiB/s" if best_seq else "n/a (no raw sequential measurement ran)",
+                 "random 4K": f"{best_rand:,.0f} IOPS" if best_rand else "n/a (no raw random measurement ran)"}
+    print(f"raw best: sequential {best_text['sequential']}, random 4K {best_text['random 4K']} "
+          "(target: reader >= 0.8 x)")
     print(f"loadavg at end: {loadavg()}")
     if not a.keep:
         path.unlink()

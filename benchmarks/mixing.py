@@ -24,6 +24,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+from oocgnn.benchtable import BenchTable, add_csv_argument  # noqa: E402
 DATASETS = REPO.parent / "shared" / "datasets"
 
 
@@ -79,17 +80,12 @@ def variants(text) -> list:
 
 
 def run(store, base, seeds, root, **settings):
-    """(mixing dict or None, accuracies, error) of `settings` over `seeds`."""
-    from oocgnn.errors import UserError
+    """(mixing dict, accuracies) of `settings` over `seeds`; a plan that does not fit raises UserError."""
     from oocgnn.mixing import mixing
     from oocgnn.policies import make_plan
     from oocgnn.train import train
     cfg = base.replace(store=str(store.path), **settings)
-    try:
-        plan = make_plan(store, cfg)
-    except UserError as e:
-        return None, [], str(e).split(";")[0][:80]
-    mix = mixing(plan)
+    mix = mixing(make_plan(store, cfg))
     accs = []
     for s in seeds:
         knobs = "".join(f"-{k}{v}" for k, v in settings.items() if k not in ("policy", "parts_per_megabatch"))
@@ -97,7 +93,7 @@ def run(store, base, seeds, root, **settings):
         out = Path(root) / "runs" / name
         run_cfg = cfg.replace(seed=s, out=str(out), force=True)
         accs.append((finished(out, run_cfg, store) or train(run_cfg))["test_at_best_val"])
-    return mix, accs, ""
+    return mix, accs
 
 
 def finished(out, cfg, store):
@@ -154,6 +150,7 @@ def main(argv=None):
     ap.add_argument("--eval-nodes", type=int, default=2000, help="val/test nodes evaluated per epoch (default 2000)")
     ap.add_argument("--data", default=str(REPO / "data" / "mixing"), help="stores and runs go here (default data/mixing)")
     ap.add_argument("--device", default="auto", help="where the models train: auto | cpu | cuda (default auto)")
+    add_csv_argument(ap, "mixing.csv under --data")
     args = ap.parse_args(argv)
     import numpy as np
     import pandas as pd
@@ -163,44 +160,72 @@ def main(argv=None):
     seeds = [int(s) for s in args.seeds.split(",") if s]
     configs = [tuple(int(x) for x in c.split(":")) for c in args.configs.split(",") if c]
     names = ["synthetic"] if args.preset else [d for d in args.datasets.split(",") if d]
-    rows, t0 = [], time.perf_counter()
+    hb_variants = variants(args.hb_variants)      # a malformed one stops here, before any training
+    table, t0 = BenchTable(args.csv or Path(args.data) / "mixing.csv"), time.perf_counter()
     for name in names:
-        data0 = source(name, args.preset or "tiny")
+        loaded = {}                                 # the dataset, read once for its splits
         for split in [s for s in args.splits.split(",") if s]:
-            data = data0 if split == "given" else data0.resplit(0.1, 0.1, seed=0)
             label = f"{Path(name).stem}-{split}"
-            k_default = default_parts(data.num_nodes, data.num_edges, data.feat_dim)
-            first = store_for(data, configs[0][0] or k_default, args.data, label)
-            budget = int(args.budget_frac * first.num_nodes * first.row_stride)
-            base = TrainConfig(store=str(first.path), epochs=args.epochs, fanouts=args.fanouts, hidden=args.hidden,
-                               batch_size=args.batch_size, lr=args.lr, max_eval_nodes=args.eval_nodes, progress=False,
-                               memory_budget=f"{budget}B", device=args.device)
-            _, ref, _ = run(first, base, seeds, args.data, policy="inmemory")
-            rows.append({"dataset": label, "policy": "inmemory", "parts": first.num_parts, "n_d": "",
-                         "acc": np.mean(ref), "std": np.std(ref), "delta": 0.0})
-            print(rows[-1], flush=True)
+            setup = {}
+
+            def prepare():                         # the dataset, its first store and the budget: no row when ok
+                data0 = loaded["data"] if loaded else loaded.setdefault("data", source(name, args.preset or "tiny"))
+                data = data0 if split == "given" else data0.resplit(0.1, 0.1, seed=0)
+                k_default = default_parts(data.num_nodes, data.num_edges, data.feat_dim)
+                first = store_for(data, configs[0][0] or k_default, args.data, label)
+                budget = int(args.budget_frac * first.num_nodes * first.row_stride)
+                base = TrainConfig(store=str(first.path), epochs=args.epochs, fanouts=args.fanouts,
+                                   hidden=args.hidden, batch_size=args.batch_size, lr=args.lr,
+                                   max_eval_nodes=args.eval_nodes, progress=False, memory_budget=f"{budget}B",
+                                   device=args.device)
+                setup.update(data=data, k_default=k_default, first=first, base=base)
+
+            if not table.run(label, prepare):
+                continue
+            data, k_default, first, base = (setup[k] for k in ("data", "k_default", "first", "base"))
+
+            def reference():
+                _, ref = run(first, base, seeds, args.data, policy="inmemory")
+                row = {"dataset": label, "policy": "inmemory", "parts": first.num_parts, "n_d": "",
+                       "acc": np.mean(ref), "std": np.std(ref), "delta": 0.0}
+                print(row, flush=True)
+                return row
+
+            ref_key = f"{label} inmemory"
+            table.run(ref_key, reference, dataset=label, policy="inmemory", parts=first.num_parts, n_d="")
             runs = [("hierbatching", parts or k_default, n_d, {}) for parts, n_d in configs]
-            runs += [("hierbatching", first.num_parts, 0, v) for v in variants(args.hb_variants)]
+            runs += [("hierbatching", first.num_parts, 0, v) for v in hb_variants]
             if args.outre >= 0:
                 runs.append(("outre", args.outre or k_default, 0, {}))
             for policy, parts, n_d, knobs in runs:
-                store = store_for(data, parts, args.data, label)
-                mix, accs, err = run(store, base, seeds, args.data, policy=policy,
-                                     **({"parts_per_megabatch": n_d} if n_d else {}), **knobs)
                 row = {"dataset": label, "policy": policy, "parts": parts,
                        "n_d": n_d or ("auto" if policy == "hierbatching" else ""),
                        "knobs": ",".join(f"{k}={v}" for k, v in knobs.items())}
-                if mix:
-                    row.update(groups=mix["groups"], parts_mean=mix["parts_mean"], tv_mean=mix["tv_mean"],
-                               tv_max=mix["tv_max"], acc=np.mean(accs), std=np.std(accs),
-                               delta=np.mean(accs) - np.mean(ref), warns=bool(mix["warning"]))
-                else:
-                    row.update(error=err)
-                rows.append(row)
-                print(row, flush=True)
-    df = pd.DataFrame(rows)
-    with pd.option_context("display.width", 200, "display.max_columns", 20):
-        print(df.to_string(index=False, float_format="%.3f"))
+
+                def one():
+                    store = store_for(data, parts, args.data, label)
+                    mix, accs = run(store, base, seeds, args.data, policy=policy,
+                                    **({"parts_per_megabatch": n_d} if n_d else {}), **knobs)
+                    ref = table.ok(ref_key)                  # no reference: no delta (the end says why)
+                    out = {**row, "groups": mix["groups"], "parts_mean": mix["parts_mean"],
+                           "tv_mean": mix["tv_mean"], "tv_max": mix["tv_max"], "acc": np.mean(accs),
+                           "std": np.std(accs), "delta": np.mean(accs) - ref["acc"] if ref else None,
+                           "warns": bool(mix["warning"])}
+                    print(out, flush=True)
+                    return out
+
+                key = " ".join(x for x in (label, policy, f"k{parts}", row["n_d"] and f"n_d={row['n_d']}",
+                                           row["knobs"]) if x)
+                table.run(key, one, **row)
+    df = pd.DataFrame([{k: v for k, v in r.items() if k != "config"} for r in table.rows if "dataset" in r])
+    if not df.empty:
+        df = df[[c for c in df.columns if c != "status"] + ["status"]]
+        df["status"] = df["status"].str.slice(0, 80)                   # the CSV keeps the whole line
+        with pd.option_context("display.width", 200, "display.max_columns", 20):
+            print(df.to_string(index=False, float_format="%.3f"))
+    for r in table.failed():
+        if "dataset" not in r or r["policy"] == "inmemory":
+            print(f"{r['config']}: {r['status']}" + (" (no delta for its rows)" if "dataset" in r else ""))
     print(f"{time.perf_counter() - t0:.0f} s, load average {loadavg()}")
 
 

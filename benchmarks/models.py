@@ -25,6 +25,7 @@ sys.path.insert(0, str(REPO))
 
 
 from benchmarks import sampler as _shared    # noqa: E402  its store preparation and load report are shared
+from oocgnn.benchtable import BenchTable, add_csv_argument  # noqa: E402
 loadavg, ensure_store = _shared.loadavg, _shared.ensure_store
 
 
@@ -45,6 +46,7 @@ def main(argv=None):
     ap.add_argument("--models", default="sage,gat,gin", help="models to measure (default sage,gat,gin)")
     ap.add_argument("--threads", type=int, default=0, help="torch/numba/DGL threads (default 0: all cores)")
     ap.add_argument("--data", default=str(REPO / "data"), help="data directory (default data/)")
+    add_csv_argument(ap, "bench/models.csv under --data")
     args = ap.parse_args(argv)
 
     import numba
@@ -76,47 +78,66 @@ def main(argv=None):
           f"{fanouts}: blocks[0] {b0[0].num_src:,} src -> {b0[0].num_dst:,} dst ({b0[0].num_edges:,} edges), "
           f"blocks[-1] {b0[-1].num_src:,} -> {b0[-1].num_dst:,}", flush=True)
 
+    table = BenchTable(args.csv or Path(args.data) / "bench" / "models.csv")
     results = []
     for name in args.models.split(","):
-        torch.manual_seed(0)
-        model = build_model(name, store.feat_dim, args.hidden, store.num_classes, len(fanouts), dropout=0.0)
-        twin = dgl_twin(model)
+        built = {}
+
+        def build():                                 # a model that cannot be built is its row; no other row
+            torch.manual_seed(0)
+            built["model"] = build_model(name, store.feat_dim, args.hidden, store.num_classes, len(fanouts),
+                                         dropout=0.0)
+            built["twin"] = dgl_twin(built["model"])
+
+        if not table.run(name, build):
+            continue
+        model, twin = built["model"], built["twin"]
         # per layer: the layer's own input (the previous layer's output of the same batch)
         for li, layer in enumerate(model.layers):
-            inputs = []
-            with torch.no_grad():
-                for s, x in zip(samples, xs):
-                    h = x
-                    for j in range(li):
-                        h = model.layer(j, s.blocks[j], h)
-                    inputs.append((s.blocks[li], h.contiguous()))
-            proj = {}
+            def one():
+                inputs = []
+                with torch.no_grad():
+                    for s, x in zip(samples, xs):
+                        h = x
+                        for j in range(li):
+                            h = model.layer(j, s.blocks[j], h)
+                        inputs.append((s.blocks[li], h.contiguous()))
+                proj = {}
 
-            def step(item, fn):
-                block, h = item
-                h = h.detach().requires_grad_()
-                out = fn(block, h)
-                p = proj.setdefault(out.shape[1:], torch.randn(out.shape[1:]))
-                (out * p).sum().backward()
+                def step(item, fn):
+                    block, h = item
+                    h = h.detach().requires_grad_()
+                    out = fn(block, h)
+                    p = proj.setdefault(out.shape[1:], torch.randn(out.shape[1:]))
+                    (out * p).sum().backward()
 
-            a = timed(lambda it: step(it, layer), inputs)
-            b = timed(lambda it: step(it, twin.layers[li]), inputs)
-            results.append((f"{name} layer {li}", a, b))
-            print(f"  {name:4s} layer {li} ({type(layer).__name__}, {inputs[0][1].shape[1]} -> ...): ours "
-                  f"{a * 1e3:7.1f} ms, DGL {b * 1e3:7.1f} ms: DGL/ours {b / a:.2f}  (load {loadavg()})", flush=True)
+                a = timed(lambda it: step(it, layer), inputs)
+                b = timed(lambda it: step(it, twin.layers[li]), inputs)
+                results.append((f"{name} layer {li}", a, b))
+                print(f"  {name:4s} layer {li} ({type(layer).__name__}, {inputs[0][1].shape[1]} -> ...): ours "
+                      f"{a * 1e3:7.1f} ms, DGL {b * 1e3:7.1f} ms: DGL/ours {b / a:.2f}  (load {loadavg()})",
+                      flush=True)
+                return {"ours_ms": a * 1e3, "dgl_ms": b * 1e3, "dgl_over_ours": b / a}
+
+            table.run(f"{name} layer {li}", one)
 
         def whole(i, fn):
             out = fn(samples[i].blocks, xs[i])
             out.sum().backward()
 
-        idx = list(range(len(samples)))
-        a, b = timed(lambda i: whole(i, model), idx), timed(lambda i: whole(i, twin), idx)
-        results.append((f"{name} model", a, b))
-        print(f"  {name:4s} whole model fwd+bwd: ours {a * 1e3:7.1f} ms, DGL {b * 1e3:7.1f} ms: DGL/ours "
-              f"{b / a:.2f}  (load {loadavg()})", flush=True)
+        def one():
+            idx = list(range(len(samples)))
+            a, b = timed(lambda i: whole(i, model), idx), timed(lambda i: whole(i, twin), idx)
+            results.append((f"{name} model", a, b))
+            print(f"  {name:4s} whole model fwd+bwd: ours {a * 1e3:7.1f} ms, DGL {b * 1e3:7.1f} ms: DGL/ours "
+                  f"{b / a:.2f}  (load {loadavg()})", flush=True)
+            return {"ours_ms": a * 1e3, "dgl_ms": b * 1e3, "dgl_over_ours": b / a}
+
+        table.run(f"{name} model", one)
 
     print("\nDGL time / our time (>= 1: ours at least as fast): "
-          + ", ".join(f"{n} {b / a:.2f}" for n, a, b in results))
+          + ", ".join([f"{n} {b / a:.2f}" for n, a, b in results]
+                      + [f"{r['config']} n/a (above)" for r in table.failed()]))
     print(f"loadavg at end: {loadavg()}")
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+from oocgnn.benchtable import BenchTable, add_csv_argument, check_process  # noqa: E402
 
 
 def loadavg():
@@ -73,8 +74,9 @@ def run(store, method, parts, passes=1):
                        env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")})
     wall = time.perf_counter() - t
     lines = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
-    if r.returncode or not lines:
-        raise SystemExit(f"{method} failed (exit {r.returncode}):\n{r.stderr[-3000:]}")
+    check_process(r)
+    if not lines:
+        raise RuntimeError("the worker printed no RESULT line")
     row = json.loads(lines[-1][7:])
     row.update(graph=store.path.name, wall=wall, load=load)
     print(f"  {store.path.name:>8} {method:>6} k={parts} passes={passes}: {row['seconds']:.1f} s, "
@@ -92,6 +94,7 @@ def main(argv=None):
     ap.add_argument("--small-parts", type=int, default=256, help="K for METIS vs random on `small` (default 256)")
     ap.add_argument("--no-small", action="store_true", help="skip the METIS vs random run on `small`")
     ap.add_argument("--data", default=str(REPO / "data"), help="data directory (default data/)")
+    add_csv_argument(ap, "bench/partition.csv under --data")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--store", help=argparse.SUPPRESS)
     ap.add_argument("--method", help=argparse.SUPPRESS)
@@ -102,16 +105,26 @@ def main(argv=None):
 
     import pandas as pd
     data_dir = Path(args.data)
+    table = BenchTable(args.csv or data_dir / "bench" / "partition.csv")
     store = ensure_store(args.preset, data_dir)
     print(f"{args.preset}: N={store.num_nodes:,} E={store.num_edges:,} (directed CSR entries), K={args.parts}")
-    rows = [run(store, "metis", args.parts)]
-    rows += [run(store, "fennel", args.parts, int(p)) for p in args.fennel_passes.split(",")]
-    rows.append(run(store, "random", args.parts))
-    if not args.no_small:
-        small = ensure_store("small", data_dir)
-        rows += [run(small, m, args.small_parts) for m in ("metis", "fennel", "random")]
+    main_runs = [("metis", 1)] + [("fennel", int(p)) for p in args.fennel_passes.split(",")] + [("random", 1)]
+    for method, passes in main_runs:
+        table.run(f"{store.path.name} {method} passes={passes}", lambda: run(store, method, args.parts, passes))
+    small = {}
 
+    def write_small():                            # its store is a row only if it cannot be written
+        small["store"] = ensure_store("small", data_dir)
+
+    if not args.no_small and table.run("small", write_small):
+        for m in ("metis", "fennel", "random"):
+            table.run(f"{small['store'].path.name} {m} passes=1", lambda: run(small["store"], m, args.small_parts))
+
+    rows = [{k: v for k, v in r.items() if k not in ("config", "status")} for r in table.rows if r["status"] == "ok"]
     df = pd.DataFrame(rows)
+    if df.empty:
+        print("\nno partition ran:\n" + "\n".join(f"  {r['config']}: {r['status']}" for r in table.failed()))
+        return
     df["peak_rss_mib"] = df.peak_rss / 2**20
     df["imports_mib"] = df.rss_after_imports / 2**20
     cols = ["graph", "method", "parts", "passes", "seconds", "peak_rss_mib", "imports_mib", "edge_cut",
@@ -119,24 +132,35 @@ def main(argv=None):
     print()
     print(df[cols].to_string(index=False, float_format=lambda x: f"{x:.3f}" if x < 10 else f"{x:.0f}"))
 
-    main_rows = df[df.graph == store.path.name].set_index(["method", "passes"])
-    metis = main_rows.loc[("metis", 1)]
+    for r in table.failed():
+        print(f"{r['config']}: {r['status']}")
+
+    metis = f"{store.path.name} metis passes=1"
     print(f"\nratios against METIS on {args.preset} (K={args.parts}):")
-    for (method, passes), r in main_rows.iterrows():
+    for method, passes in main_runs:
         if method != "fennel":
             continue
-        cut, rss = r.edge_cut / metis.edge_cut, r.peak_rss / metis.peak_rss
-        print(f"  FENNEL ({passes} pass{'es' if passes > 1 else ''}): edge cut {cut:.2f}x "
+        fennel = f"{store.path.name} fennel passes={passes}"
+        what = f"FENNEL ({passes} pass{'es' if passes > 1 else ''})"
+        if table.na(fennel, metis):
+            print(f"  {what}: {table.na(fennel, metis)}")
+            continue
+        cut, rss, secs = (table.ratio(fennel, metis, key)[0] for key in ("edge_cut", "peak_rss", "seconds"))
+        print(f"  {what}: edge cut {cut:.2f}x "
               f"(target <= 1.5: {'ok' if cut <= 1.5 else 'MISSED'}), peak RSS {rss:.2f}x "
-              f"(target <= 0.5: {'ok' if rss <= 0.5 else 'MISSED'}), time {r.seconds / metis.seconds:.2f}x")
+              f"(target <= 0.5: {'ok' if rss <= 0.5 else 'MISSED'}), time {secs:.2f}x")
     if args.preset == "medium":
-        print(f"  METIS on medium: {metis.seconds:.1f} s (target <= 90 s: "
-              f"{'ok' if metis.seconds <= 90 else 'MISSED'})")
-    if not args.no_small:
-        s = df[df.graph == small.path.name].set_index("method")
-        print(f"  small (K={args.small_parts}): edge cut METIS {s.edge_cut['metis']:.3f}, "
-              f"FENNEL {s.edge_cut['fennel']:.3f}, random {s.edge_cut['random']:.3f} "
-              f"(METIS/random {s.edge_cut['metis'] / s.edge_cut['random']:.2f}x)")
+        m = table.ok(metis)
+        print("  METIS on medium: " + (f"{m['seconds']:.1f} s (target <= 90 s: "
+                                     f"{'ok' if m['seconds'] <= 90 else 'MISSED'})" if m else table.na(metis)))
+    if not args.no_small and not small:
+        print(f"  small (K={args.small_parts}): {table.na('small')}")
+    elif not args.no_small:
+        keys = {m: f"{small['store'].path.name} {m} passes=1" for m in ("metis", "fennel", "random")}
+        cuts = {m: table.ok(k)["edge_cut"] for m, k in keys.items() if table.ok(k)}
+        print(f"  small (K={args.small_parts}): edge cut " + ", ".join(
+            f"{m if m == 'random' else m.upper()} {cuts[m]:.3f}" if m in cuts else f"{m} {table.na(keys[m])}"
+            for m in keys) + f" (METIS/random {table.ratio(keys['metis'], keys['random'], 'edge_cut')[1]})")
 
 
 if __name__ == "__main__":

@@ -50,6 +50,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+from oocgnn.benchtable import add_csv_argument  # noqa: E402
 
 MiB, PAGE = 1 << 20, 4096
 # name -> (policy, TrainConfig overrides)
@@ -168,7 +169,8 @@ def choose_megabatch(store, base):
             best = n_d
         n_d *= 2
     if best is None:
-        raise SystemExit(f"no N_d fits a budget of {base['memory_budget']} with r_s={base['static_ratio']}")
+        from oocgnn.errors import UserError
+        raise UserError(f"no N_d fits a budget of {base['memory_budget']} with r_s={base['static_ratio']}")
     return best
 
 
@@ -219,6 +221,7 @@ def device_limits(path, reps=3, seq_mib=256, ios=32768, seed=0):
 
 # ---- the driver --------------------------------------------------------------------------------------
 def run_config(name, cfg, limit_steps, out_dir):
+    from oocgnn.benchtable import check_process
     from oocgnn.io import drop_file_cache
     drop_file_cache(Path(cfg["store"]) / "features.bin")   # every run starts cold
     cmd = [sys.executable, __file__, "--worker", "--config", json.dumps(cfg), "--limit-steps", str(limit_steps)]
@@ -231,8 +234,9 @@ def run_config(name, cfg, limit_steps, out_dir):
     wall = time.perf_counter() - t
     (out_dir / f"{name}.log").write_text(r.stdout + r.stderr)
     lines = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
-    if r.returncode or not lines:
-        raise SystemExit(f"{name} failed (exit {r.returncode}):\n{(r.stdout + r.stderr)[-3000:]}")
+    check_process(r)                              # the row says why; the log keeps the rest
+    if not lines:
+        raise RuntimeError(f"the worker printed no RESULT line (log {out_dir / name}.log)")
     res = json.loads(lines[-1][7:])
     res.update(name=name, wall=wall, load=load, load_end=loadavg())
     s = res["summary"]
@@ -333,7 +337,9 @@ def main(argv=None):
                     help="rounds over all configurations (default 1); with more, each row and ratio uses "
                          "the median round")
     ap.add_argument("--keep", action="store_true",
-                    help="keep the run directories and logs in data/bench/train-runs/ (default: delete them)")
+                    help="keep the run directories and logs in data/bench/train-runs/ (default: delete them, "
+                         "unless a configuration failed)")
+    add_csv_argument(ap, "bench/train.csv under --data")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--config", help=argparse.SUPPRESS)
     ap.add_argument("--limit-steps", type=int, default=0, help=argparse.SUPPRESS)
@@ -341,6 +347,8 @@ def main(argv=None):
     if args.worker:
         return worker(args)
 
+    from oocgnn.benchtable import BenchTable
+    from oocgnn.errors import UserError
     from oocgnn.units import parse_size
     from oocgnn.policies import POLICIES
     assert all(policy in POLICIES for policy, _ in VARIANTS.values()), "a variant of an unregistered policy"
@@ -353,6 +361,7 @@ def main(argv=None):
         ap.error("--reps must be >= 1")
     budget = parse_size(args.budget)
     data_dir = Path(args.data)
+    table = BenchTable(args.csv or data_dir / "bench" / "train.csv", columns=["rounds"])
     t_all = time.perf_counter()
     print(f"loadavg at start: {loadavg()}  (cpus {os.cpu_count()})", flush=True)
 
@@ -381,27 +390,45 @@ def main(argv=None):
             "max_eval_nodes": args.eval_nodes, "seed": 0, "static_ratio": args.static_ratio, "progress": False,
             "superbatch": args.superbatch, "macrobatch": args.macrobatch, "physical_parts": args.physical_parts,
             "topology": args.topology, "force": True}   # the benchmark owns out_dir (rounds reuse it)
-    n_d = base["parts_per_megabatch"] = args.parts_per_megabatch or choose_megabatch(store, base)
+    try:
+        n_d = base["parts_per_megabatch"] = args.parts_per_megabatch or choose_megabatch(store, base)
+    except UserError as e:                        # the configurations with mega-batches are rows saying so
+        n_d, no_megabatch = None, e
     print(f"training ({', '.join(names)}; {args.model} {args.fanouts}, batch {args.batch_size}, budget {args.budget}, "
           f"device {args.device}, precision {args.precision}, "
           f"topology {args.topology}, "
           f"hierbatching N_d={n_d} r_s={args.static_ratio}) ...", flush=True)
     results = {name: [] for name in names}
+    running = list(names)                         # a configuration that failed runs no further round
     for rep in range(args.reps):                  # rounds interleave the configurations: noise hits all
         if args.reps > 1:
             print(f" round {rep + 1} of {args.reps}", flush=True)
-        for name in names:
+        for name in list(running):
             policy, over = VARIANTS[name]
             cfg = {**base, **over, "policy": policy, "out": str(out_dir / name)}
-            results[name].append(run_config(name, cfg, args.steps if name in limited else 0, out_dir))
+
+            def one():
+                if n_d is None and policy in ("hierbatching", "composed"):
+                    raise no_megabatch
+                res = run_config(name, cfg, args.steps if name in limited else 0, out_dir)
+                row = derive(res, limits)         # the CSV's row until the limits measured after the runs
+                results[name].append(res)
+                return {k: v for k, v in row.items() if k != "config"}
+
+            if not table.run(name, one, rounds=rep + 1):
+                running.remove(name)
+                results[name] = []
     print("measuring device limits again ...", flush=True)
     limits2 = device_limits(store.path / "features.bin", seed=1)
     limits_all = {"seq_mib_s": max(limits["seq_mib_s"], limits2["seq_mib_s"]),
                   "rand_iops": max(limits["rand_iops"], limits2["rand_iops"])}
     rows = []
     for name, runs in results.items():           # the round with the median epoch time represents each
+        if not runs:
+            continue
         derived = sorted((derive(r, limits_all) for r in runs), key=lambda d: d["epoch_s"])
         rows.append({**derived[(len(derived) - 1) // 2], "epoch_s_all": [d["epoch_s"] for d in derived]})
+        table.add(name, **{k: v for k, v in rows[-1].items() if k != "config"})
     by = {r["config"]: r for r in rows}
 
     # ---- report ----
@@ -420,6 +447,8 @@ def main(argv=None):
               f"{r['setup_s']:>9.1f}{fmt_bytes(r['bytes_epoch']):>12}{r['mbs_io']:>10.0f}{r['mbs_train']:>10.0f}"
               f"{r['iops_io']:>9.0f}{lim:>12}{fmt_bytes(r['peak_rss']):>10}{cap:>5}{r['val']:>8.3f}"
               f"{r['load'].split()[0]:>6}")
+    for r in table.failed():
+        print(f"{r['config']:<16}{r['status']}")
     for r in rows:
         if r["truncated"]:
             print(f"  {r['config']}: only the first {r['steps']} of {r['epoch_steps']} steps ran; epoch s and read/epoch "
@@ -478,6 +507,8 @@ def main(argv=None):
     print("\nratios of epoch time (same run):")
 
     def ratio(a, b, label, target=None, ok=None):
+        if a in names and b in names and not (a in by and b in by):
+            print(f"  {label:<34} {'-':>8}  {table.na(a, b)}")
         if a in by and b in by:
             x = by[a]["epoch_s"] / by[b]["epoch_s"]
             verdict = f"  ({target}: {'ok' if ok(x) else 'MISSED'})" if target else ""
@@ -520,10 +551,14 @@ def main(argv=None):
               f"({frac}); {r['mbs_train']:,.0f} MiB/s over train time; {fmt_bytes(r['bytes_epoch'])} an epoch "
               f"= {r['bytes_epoch'] / feat_bytes:.1f}x the feature file")
     print(f"\nloadavg at end: {loadavg()}; benchmark wall time {time.perf_counter() - t_all:.0f} s")
+    print(f"table: {table.path}" + (f" ({len(table.failed())} of {len(names)} configurations failed)"
+                                    if table.failed() else ""))
     with open(data_dir / "bench" / "train-results.json", "w") as f:
         json.dump({"rows": rows, "limits": [limits, limits2], "prepare": prep, "n_d": n_d,
                    "args": vars(args)}, f, indent=1, default=str)
-    if not args.keep:
+    if table.failed():
+        print(f"kept {out_dir} (the logs of the failed configurations)")
+    elif not args.keep:
         shutil.rmtree(out_dir)
 
 

@@ -1,6 +1,9 @@
 """Every benchmark keeps running: each module imports, answers --help, and runs end to end at toy
-sizes (the numbers of such runs mean nothing; that they finish is the point)."""
+sizes (the numbers of such runs mean nothing; that they finish is the point), saving its table as
+CSV; a configuration that does not fit is a row saying why, and the others still run and print."""
+import csv
 import importlib.util
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -22,7 +25,15 @@ def test_benchmark_imports_and_has_help(path, capsys):
     mod = _module(path)
     with pytest.raises(SystemExit) as e:
         mod.main(["--help"])
-    assert e.value.code == 0 and "usage:" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert e.value.code == 0 and "usage:" in out
+    entry = " ".join(out.rsplit("--csv PATH", 1)[-1].split())[:200]            # its line under options:
+    assert "--csv PATH" in out and re.search(r"\(default [^)]*csv", entry), "--csv states its default"
+
+
+def _rows(csv_path):
+    with open(csv_path, newline="") as f:
+        return {r["config"]: r for r in csv.DictReader(f)}
 
 
 def _run(path, *args, timeout=900):
@@ -69,8 +80,49 @@ def test_every_benchmark_has_a_smoke_run():
 @pytest.mark.slow
 @pytest.mark.parametrize("path", BENCHMARKS, ids=lambda p: p.stem)
 def test_benchmark_runs_at_toy_size(path, tmp_path):
-    out = _run(path, *SMOKE[path.stem](tmp_path))
+    out = _run(path, *SMOKE[path.stem](tmp_path), "--csv", tmp_path / "table.csv")
     assert "load" in out, "every benchmark reports the machine load beside its numbers"
+    rows = _rows(tmp_path / "table.csv")
+    assert rows, "the table is saved as CSV"
+    assert all(r["status"] == "ok" or r["status"].startswith("does not fit: ") for r in rows.values()), \
+        [r["status"] for r in rows.values()]        # at toy sizes only a refusal of the budget, never a crash
+    assert not list(tmp_path.glob(".table.csv.tmp-*")), "the atomic rewrite leaves no temporary file"
+
+
+@pytest.mark.slow
+def test_train_goes_on_after_a_configuration_that_does_not_fit(tmp_path):
+    """marius needs 1.5 MiB for its smallest buffer on the tiny store, over the 1MB budget: its worker
+    refuses, the row says so, and inmemory and hierbatching still run, print and are saved."""
+    path = next(p for p in BENCHMARKS if p.stem == "train")
+    out = _run(path, "--preset", "tiny", "--parts", 16, "--budget", "1MB", "--steps", 4,
+               "--policies", "inmemory,marius,hierbatching", "--physical-parts", 8, "--eval-nodes", 100,
+               "--data", tmp_path, "--csv", tmp_path / "train.csv")
+    rows = _rows(tmp_path / "train.csv")
+    assert list(rows) == ["inmemory", "marius", "hierbatching"]
+    assert rows["inmemory"]["status"] == rows["hierbatching"]["status"] == "ok"
+    assert float(rows["hierbatching"]["epoch_s"]) > 0
+    assert rows["marius"]["status"].startswith("does not fit: policy marius needs"), rows["marius"]["status"]
+    assert "--memory-budget" in rows["marius"]["status"]
+    table = out[out.index("\nconfig "):]
+    assert "\ninmemory " in table and "\nhierbatching " in table and re.search(r"\nmarius +does not fit", table)
+    assert "hierbatching / inmemory" in out                                  # the ratios that can be are
+    assert "marius / inmemory" in out and "n/a (marius: does not fit" in out
+    assert "Traceback" not in out
+
+
+@pytest.mark.slow
+def test_in_process_benchmark_goes_on_after_a_budget_that_does_not_fit(tmp_path):
+    """cache_split at 1MB runs; at 1KB outre's plan refuses the budget: a row saying so, the 1MB
+    table still printed, and the CSV (default: bench/cache_split.csv under --data) holds both."""
+    path = next(p for p in BENCHMARKS if p.stem == "cache_split")
+    out = _run(path, "--preset", "tiny", "--parts", 16, "--budgets", "1KB,1MB", "--epochs", 1,
+               "--batch-size", 64, "--parts-per-macro", 4, "--data", tmp_path)
+    rows = _rows(tmp_path / "bench" / "cache_split.csv")
+    assert list(rows) == ["1KB", "1MB"]
+    assert rows["1KB"]["status"].startswith("does not fit: policy outre needs"), rows["1KB"]["status"]
+    assert rows["1MB"]["status"] == "ok" and 0 <= float(rows["1MB"]["auto_alpha"]) <= 1
+    assert "budget 1MB: split budget" in out and "brute-force best alpha" in out
+    assert "budget 1KB: does not fit: policy outre needs" in out
 
 
 def test_mixing_reuses_a_finished_run_only_with_the_same_settings(tmp_path):
