@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from .benchtable import BenchTable
 from .config import TrainConfig
 from .errors import UserError
 from .units import format_size
@@ -100,7 +101,8 @@ def _row(policy, knobs, note, s, feature_bytes) -> dict:
 
 def compare(cfg: TrainConfig, policies=DEFAULT_POLICIES, out="runs/compare", target_acc=None, warm=True,
             progress=True, echo=print) -> tuple[pd.DataFrame, pd.DataFrame, float]:
-    """Train `cfg` under each policy at `cfg.memory_budget` into `<out>/<policy>`.
+    """Train `cfg` under each policy at `cfg.memory_budget` into `<out>/<policy>`; `<out>/comparison.csv`
+    holds the rows so far as each policy ends (a killed comparison keeps them).
 
     Returns (table, logs, target): one row per policy (`TABLE_COLUMNS`: its status — ok, or why it did
     not fit or failed —, epoch time, time to `target`, accuracy, bytes read, memory), every run's log.csv
@@ -112,11 +114,15 @@ def compare(cfg: TrainConfig, policies=DEFAULT_POLICIES, out="runs/compare", tar
     store = open_store(cfg.store, verify=False)
     feature_bytes = store.num_nodes * store.row_stride
     rows, runnable = {}, []
+    saved = BenchTable(Path(out) / "comparison.csv", TABLE_COLUMNS, key="policy", echo=False)
+    for p in policies:                          # in their order; what a kill leaves says what never ran
+        saved.add(p, "not run")
     for p in policies:
         try:
             knobs, note = fitting_settings(store, cfg, p)
         except UserError as e:
             rows[p] = {"policy": p, "status": f"does not fit: {e}"}
+            saved.add(p, rows[p]["status"])
             echo(f"{p}: does not fit the {format_size(cfg.memory_budget_bytes)} budget: {e}")
             continue
         runnable.append((p, knobs, note, cfg.replace(policy=p, **knobs, out=str(Path(out) / p), force=True,
@@ -130,9 +136,11 @@ def compare(cfg: TrainConfig, policies=DEFAULT_POLICIES, out="runs/compare", tar
             s = train_fresh(c)
         except UserError as e:
             rows[p] = {"policy": p, "status": f"failed: {e}", "knobs": ", ".join(f"{k}={v}" for k, v in knobs.items())}
+            saved.add(p, rows[p]["status"], knobs=rows[p]["knobs"])
             echo(f"{p}: failed: {e}")
             continue
         rows[p] = _row(p, knobs, note, s, feature_bytes)
+        saved.add(p, **{k: v for k, v in rows[p].items() if k != "policy"})
         logs.append(s["log"].assign(policy=p))
         echo(f"{p}: {s['epoch_s']:.2f} s an epoch, best val {s['best_val_acc']:.4f}, read "
              f"{format_size(rows[p]['read_per_epoch'])} an epoch" + (f" ({note})" if note else ""))
@@ -143,4 +151,5 @@ def compare(cfg: TrainConfig, policies=DEFAULT_POLICIES, out="runs/compare", tar
     if target:
         for p, log in logs.groupby("policy", sort=False):
             table.loc[table.policy == p, "time_to_target_s"] = time_to(log, target)
+            saved.add(p, rows[p]["status"], time_to_target_s=time_to(log, target))
     return table, logs, target

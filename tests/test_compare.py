@@ -71,6 +71,8 @@ def test_compare_keeps_a_row_for_every_policy(fennel16, tmp_path, monkeypatch):
         assert got == want if want is not None else pd.isna(got)
         assert set(logs[logs.policy == p]["wall_s"]) == set(log["wall_s"])
     assert table.time_to_target_s.notna().any()    # the best run reaches 95 % of its own best
+    saved = pd.read_csv(tmp_path / "comparison.csv")     # written as each policy ended
+    assert list(saved.policy) == list(table.policy) and list(saved.status) == list(table.status)
     hb = table.set_index("policy").loc["hierbatching"]
     assert hb["read_per_epoch"] > 0 and table.set_index("policy").loc["inmemory", "read_per_epoch"] == 0
 
