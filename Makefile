@@ -1,4 +1,5 @@
-# The README's two commands: `make run` (the main job) and `make test` (all tests).
+# The README's two commands: `make run` (the main job, then the notebooks as reports) and `make test`
+# (every test but the accuracy acceptance set, which `make test-all` adds).
 # Both create .venv from requirements.txt when it is missing, and never re-install otherwise.
 SHELL := /bin/bash
 PYTHON ?= python3
@@ -7,15 +8,20 @@ PY := $(VENV)/bin/python
 OOCGNN := $(VENV)/bin/oocgnn
 STAMP := $(VENV)/.installed
 
-.PHONY: run test venv notebooks clean-runs help data-small browser lab
+.PHONY: run test test-all test-slow venv notebooks clean-runs help data-small browser lab
 
 help:
-	@echo "make run     - generate the small synthetic graph, train in memory and through mmap,"
-	@echo "               write figures/00_time_to_accuracy.{csv,png}"
-	@echo "make test    - run every test (pytest), notebooks and the JupyterLab browser test included"
-	@echo "               (runs make browser first)"
-	@echo "make lab     - start JupyterLab on notebooks/ with the project's kernel (the venv)"
-	@echo "make browser - install Debian's chromium + chromium-driver for the browser test (apt, as root)"
+	@echo "make run      - prepare small (METIS, 256 parts), train in memory and every out-of-core policy at one"
+	@echo "                budget (figures/00_time_to_accuracy.{csv,png}), then execute every notebook as a"
+	@echo "                papermill report into notebooks/executed/ (leaves the git tree clean)"
+	@echo "make test     - every test but the accuracy acceptance set, on 2 workers (pytest-xdist), the browser"
+	@echo "                test and every notebook under nbval included (a report make run executed on the"
+	@echo "                same code is checked without running the notebook again)"
+	@echo "make test-slow - the accuracy acceptance set alone (-m slow: tests/test_accuracy.py, ~15 min)"
+	@echo "make test-all - both"
+	@echo "make lab      - start JupyterLab on notebooks/ with the project's kernel (the venv)"
+	@echo "make notebooks - re-execute the source notebooks in place (their stored outputs) and figures/"
+	@echo "make browser  - install Debian's chromium + chromium-driver for the browser test (apt, as root)"
 
 venv: $(STAMP)
 
@@ -25,28 +31,38 @@ $(STAMP): requirements.txt pyproject.toml
 	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
 	touch $(STAMP)
 
-# (re)made when missing, damaged or written by an older store format
-data-small: | $(STAMP)
-	@$(OOCGNN) info data/small >/dev/null 2>&1 || \
-	  $(OOCGNN) prepare synthetic --preset small --out data/small --force
-
 NOTEBOOKS := $(sort $(wildcard notebooks/[0-9][0-9]_*.ipynb))
+SMALL := data/small-metis-256
+# the main job's settings: every policy fits ~40 % of small's feature file at batch 256 (macrobatch's
+# union of one batch needs 36 MiB); 2 epochs reach the accuracy inmemory reaches
+COMPARE := --memory-budget 40MB --batch-size 256 --epochs 2 --lr 0.005 --eval-every 39 --max-eval-nodes 1000
+# tests on 2 workers; a notebook's cells stay on one (they share a kernel)
+XDIST := -n 2 --dist loadgroup
+PYTEST_NOTEBOOKS := $(if $(NOTEBOOKS),--nbval $(NOTEBOOKS) --nbval-cell-timeout=900)
+
+# (re)made when missing, damaged or written by an older store format; the notebooks reuse it
+data-small: | $(STAMP)
+	@$(OOCGNN) info $(SMALL) >/dev/null 2>&1 || \
+	  $(OOCGNN) prepare synthetic --preset small --partitioner metis --parts 256 --out $(SMALL) --force --quiet
 
 run: $(STAMP) data-small
-	$(OOCGNN) info data/small
-	$(OOCGNN) train data/small --policy inmemory --epochs 5 --out runs/small-inmemory --force
-	$(OOCGNN) train data/small --policy mmap --memory-budget 32MB --epochs 5 --out runs/small-mmap --force
-	$(OOCGNN) report runs/small-inmemory runs/small-mmap --out figures/00_time_to_accuracy
-	@mkdir -p notebooks/executed
-	@for nb in $(NOTEBOOKS); do \
-	  echo "papermill $$nb -> notebooks/executed/$$(basename $$nb)"; \
-	  PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(VENV)/bin/papermill --cwd notebooks $$nb notebooks/executed/$$(basename $$nb) || exit 1; \
-	done
+	$(OOCGNN) info $(SMALL)
+	$(OOCGNN) compare $(SMALL) $(COMPARE) --out runs/compare-small --figure figures/00_time_to_accuracy --no-progress
+	$(PY) -m oocgnn.reports --jobs 2 $(NOTEBOOKS)
 
-# unit tests (the JupyterLab browser test included), then every notebook under nbval (headline
-# numbers checked, timings ignored)
+# every test but the accuracy acceptance set (-m slow), the JupyterLab browser test included, and every
+# notebook under nbval (checked from the reports `make run` left when they are current)
 test: $(STAMP) browser
-	$(PY) -m pytest -q tests $(if $(NOTEBOOKS),--nbval $(NOTEBOOKS) --nbval-cell-timeout=900)
+	$(PY) -m pytest -q $(XDIST) -m "not slow" tests $(PYTEST_NOTEBOOKS)
+
+# the accuracy acceptance set alone (tests/test_accuracy.py: real datasets, learnability, out-of-core
+# against in-memory accuracy on small and amazon_photo, bf16): ~15 min on 2 cores
+test-slow: $(STAMP)
+	$(PY) -m pytest -q $(XDIST) -m slow tests
+
+# every test
+test-all: $(STAMP) browser
+	$(PY) -m pytest -q $(XDIST) tests $(PYTEST_NOTEBOOKS)
 
 # re-execute the source notebooks in place (the outputs nbval checks) and strip volatile metadata
 notebooks: $(STAMP)

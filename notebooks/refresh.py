@@ -4,9 +4,11 @@ Usage: python notebooks/refresh.py [NOTEBOOK ...]   (default: every notebooks/NN
 
 Runs each notebook top to bottom (samples are the same at any thread count; nbval compares the
 stored outputs), then drops execution counts and volatile metadata so the committed notebooks
-stay clean.
+stay clean, and records how long it ran (`oocgnn_seconds`: `oocgnn.reports --jobs` starts the
+longest first).
 """
 import sys
+import time
 from pathlib import Path
 
 import nbformat
@@ -17,6 +19,7 @@ HERE = Path(__file__).resolve().parent
 
 def refresh(path: Path):
     nb = nbformat.read(path, as_version=4)
+    t = time.perf_counter()
     # nbval runs its kernels under pytest, where ipykernel does not forward what subprocesses write to
     # fd 1/2 (train_fresh's notes); store the outputs nbval will see
     NotebookClient(nb, timeout=1800, kernel_name="python3", extra_arguments=["--IPKernelApp.capture_fd_output=False"],
@@ -30,6 +33,7 @@ def refresh(path: Path):
                     out["execution_count"] = None
     nb.metadata.pop("widgets", None)
     nb.metadata["language_info"] = {"name": "python"}
+    nb.metadata["oocgnn_seconds"] = round(time.perf_counter() - t)   # `oocgnn.reports --jobs` runs the longest first
     nbformat.write(nb, path)
     print(f"refreshed {path.name}")
 

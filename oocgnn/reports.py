@@ -160,6 +160,15 @@ def prepare_nbval_items(items, executed_dir=None):
             _replay(item, code[item.cell_num].outputs)
 
 
+SECONDS_KEY = "oocgnn_seconds"     # a notebook's run time where `make notebooks` last executed it
+
+
+def expected_seconds(notebook) -> float:
+    """How long `notebook` took when `notebooks/refresh.py` last executed it (0 when not recorded)."""
+    import nbformat
+    return float(nbformat.read(notebook, as_version=4).metadata.get(SECONDS_KEY, 0))
+
+
 def execute(notebook, out_dir, log=print) -> Path:
     """Execute `notebook` with papermill into `out_dir` and stamp the copy; returns its path."""
     import nbformat
@@ -185,7 +194,9 @@ def main(argv=None) -> int:
     ap.add_argument("notebooks", nargs="*", help="notebooks to execute (default: every notebooks/NN_*.ipynb)")
     ap.add_argument("--out", default=str(NOTEBOOKS / "executed"),
                     help="directory for the executed copies (default notebooks/executed)")
-    ap.add_argument("--jobs", type=int, default=1, help="notebooks executed at once (default 1)")
+    ap.add_argument("--jobs", type=int, default=1,
+                    help="notebooks executed at once, the longest first by the run time `make notebooks` "
+                         "recorded (default 1: one at a time, in the order given)")
     args = ap.parse_args(argv)
     if args.jobs < 1:
         ap.error("--jobs must be >= 1")
@@ -201,6 +212,8 @@ def main(argv=None) -> int:
     if bin_dir not in os.environ.get("PATH", "").split(os.pathsep):
         os.environ["PATH"] = bin_dir + os.pathsep + os.environ.get("PATH", "")
     t = time.perf_counter()
+    if args.jobs > 1:                      # the longest first: the last to start is then a short one
+        notebooks = sorted(notebooks, key=expected_seconds, reverse=True)
     with ThreadPoolExecutor(args.jobs) as pool:
         for future in [pool.submit(execute, nb, out) for nb in notebooks]:
             future.result()                # the first failure ends the command (papermill names the cell)

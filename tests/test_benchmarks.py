@@ -77,7 +77,6 @@ def test_every_benchmark_has_a_smoke_run():
     assert {p.stem for p in BENCHMARKS} == set(SMOKE)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("path", BENCHMARKS, ids=lambda p: p.stem)
 def test_benchmark_runs_at_toy_size(path, tmp_path):
     out = _run(path, *SMOKE[path.stem](tmp_path), "--csv", tmp_path / "table.csv")
@@ -89,7 +88,6 @@ def test_benchmark_runs_at_toy_size(path, tmp_path):
     assert not list(tmp_path.glob(".table.csv.tmp-*")), "the atomic rewrite leaves no temporary file"
 
 
-@pytest.mark.slow
 def test_train_goes_on_after_a_configuration_that_does_not_fit(tmp_path):
     """marius needs 1.5 MiB for its smallest buffer on the tiny store, over the 1MB budget: its worker
     refuses, the row says so, and inmemory and hierbatching still run, print and are saved."""
@@ -110,7 +108,6 @@ def test_train_goes_on_after_a_configuration_that_does_not_fit(tmp_path):
     assert "Traceback" not in out
 
 
-@pytest.mark.slow
 def test_in_process_benchmark_goes_on_after_a_budget_that_does_not_fit(tmp_path):
     """cache_split at 1MB runs; at 1KB outre's plan refuses the budget: a row saying so, the 1MB
     table still printed, and the CSV (default: bench/cache_split.csv under --data) holds both."""

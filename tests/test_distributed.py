@@ -125,7 +125,6 @@ def _torchrun(store, ranks, out, *args, timeout=420):
     return json.loads((out / "summary.json").read_text())
 
 
-@pytest.mark.slow
 def test_two_ranks_train_as_one_and_exchange_what_the_simulator_predicts(fennel16, tmp_path):
     import pandas as pd
     epochs = 15
@@ -185,7 +184,6 @@ def test_ranks_on_a_gpu_train_as_on_the_cpu(fennel16, tmp_path):
     assert max(acc) - min(acc) <= 0.03 and own["best_val_acc"] > 0.5, acc
 
 
-@pytest.mark.slow
 def test_hierbatching_per_rank_learns_and_exchanges_nothing_but_gradients(fennel16, tmp_path):
     one = _torchrun(fennel16.path, 1, tmp_path / "one", "--epochs", 15)
     # r_s pinned at the paper's 0.01, where the 3-point tolerance was set (the two runs sample differently)
@@ -203,7 +201,6 @@ def test_hierbatching_per_rank_learns_and_exchanges_nothing_but_gradients(fennel
     assert one["test_at_best_val"] - hb["test_at_best_val"] <= 0.08     # mega-batches of few parts cost a little
 
 
-@pytest.mark.slow
 def test_two_nodes_train_as_two_ranks_on_one(fennel16, tmp_path):
     """README's several-machines lines on localhost: two torchrun agents (--nnodes 2, one rank each, each
     its LOCAL_RANK 0) meet at a rendezvous and give the log of one agent with two ranks."""
@@ -232,7 +229,6 @@ def test_two_nodes_train_as_two_ranks_on_one(fennel16, tmp_path):
     pd.testing.assert_frame_equal(*(pd.read_csv(d / "log.csv")[cols] for d in (out, tmp_path / "one")))
 
 
-@pytest.mark.slow
 def test_distributed_evaluates_every_n_steps(fennel16, tmp_path):
     import pandas as pd
     s = _torchrun(fennel16.path, 2, tmp_path / "e", "--epochs", 2, "--macrobatch", 1, "--eval-every", 3)
@@ -240,7 +236,6 @@ def test_distributed_evaluates_every_n_steps(fennel16, tmp_path):
     assert steps == [0, *range(3, s["steps"] + 1, 3)] + ([s["steps"]] if s["steps"] % 3 else [])
 
 
-@pytest.mark.slow
 def test_a_dead_rank_ends_the_other_with_a_clear_error(fennel16, tmp_path):
     port, out = _free_port(), tmp_path / "run"
     procs = []
@@ -299,7 +294,6 @@ def _spawn(argv, tmp_path, name, crash_at=0, world=2):
     return [int((tmp_path / f"{name}.{r}").read_text()) for r in range(world)]
 
 
-@pytest.mark.slow
 def test_a_killed_distributed_run_resumes_to_the_same_log(fennel16, tmp_path):
     import pandas as pd
     common = ["train", str(fennel16.path), "--distributed", "--no-progress", "--epochs", "2", "--batch-size", "64",

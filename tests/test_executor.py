@@ -192,7 +192,6 @@ def test_outre_history_reuses_and_saves_reads(fennel16, tmp_path):
     assert fresh["resident_bytes"] <= 1_000_000
 
 
-@pytest.mark.slow
 def test_executed_io_equals_simulated_on_small(tmp_path):
     """The same agreement on the 200K-node graph, for every out-of-core policy (histories included)."""
     from oocgnn.partition import partitioned_store

@@ -37,8 +37,6 @@ if not (CHROMIUM and CHROMEDRIVER):
     pytest.skip("no chromium / chromedriver on PATH: `make browser` installs Debian's (needs apt and root)",
                 allow_module_level=True)
 
-pytestmark = pytest.mark.slow
-
 # notebook 04 on `tiny`: every section runs in seconds, the widget's sweep is two one-epoch runs
 NB04_TINY = {"dataset": "tiny", "parts": 16, "epochs": 1, "max_eval_nodes": 500, "parts_per_megabatch": 4,
              "parts_per_macro": 4, "sweep_epochs": 1, "staleness_epochs": 1, "fixed_budget_parts": 6,

@@ -38,7 +38,8 @@ def _third_party_imports(path: Path) -> set:
 
 
 # imported only where an extra is needed: dgl (METIS, adapters, oracle tests), the lab's widgets, io_uring
-OPTIONAL = {"dgl": "dgl", "IPython": "lab", "ipywidgets": "lab", "liburing": "uring"}
+OPTIONAL = {"dgl": "dgl", "IPython": "lab", "ipywidgets": "lab", "liburing": "uring", "papermill": "lab",
+            "nbformat": "lab", "nbval": "lab", "pytest": "test"}
 
 
 def test_pyproject_declares_every_runtime_import():
@@ -59,7 +60,6 @@ def test_pyproject_declares_every_runtime_import():
     assert "3.11" in pythons and "3.12" in pythons, "the dgl-free path runs here (3.11) and on the GPU box (3.12)"
 
 
-@pytest.mark.slow
 def test_pip_install_into_a_fresh_venv_gives_a_working_oocgnn(tmp_path):
     """The package and its declared dependencies only (no requirements.txt) in a fresh venv: `oocgnn
     --help` works and the training path imports, without dgl. torch is pinned on the install line
@@ -87,3 +87,23 @@ def test_pip_install_into_a_fresh_venv_gives_a_working_oocgnn(tmp_path):
                         "print(importlib.util.find_spec('dgl') is None)"],
                        capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert r.returncode == 0 and r.stdout.strip() == "True", r.stdout + r.stderr
+
+
+def test_what_make_run_writes_is_ignored_by_git():
+    """`make run` leaves `git status` clean (.ci/run checks it after the run): every place it writes
+    is ignored, and the Makefile writes where this test looks."""
+    import shutil
+    import subprocess
+    if shutil.which("git") is None or not (REPO / ".git").exists():
+        pytest.skip("not a git checkout")
+    make = (REPO / "Makefile").read_text()
+    assert "--figure figures/00_time_to_accuracy" in make and "--out runs/compare-small" in make
+    assert "-m oocgnn.reports" in make
+    from oocgnn.reports import NOTEBOOKS
+    written = ["figures/00_time_to_accuracy.png", "figures/00_time_to_accuracy.csv", "runs/compare-small/inmemory/log.csv",
+               "data/small-metis-256/meta.json", "data/partitions/x.npz",
+               str((NOTEBOOKS / "executed" / "04_out_of_core_training.ipynb").relative_to(REPO)),
+               str((NOTEBOOKS / "executed" / "figures" / "04_policies.png").relative_to(REPO)),
+               "oocgnn/__pycache__/sampler.cpython-311.nbi"]       # numba's cache
+    r = subprocess.run(["git", "check-ignore", "--no-index", *written], cwd=REPO, capture_output=True, text=True)
+    assert sorted(r.stdout.split()) == sorted(written), f"not ignored: {set(written) - set(r.stdout.split())}"

@@ -58,7 +58,6 @@ def test_choose():
     assert choose(m.assign(time_to_target_s=np.nan), target_acc=0.9) == 4
 
 
-@pytest.mark.slow
 def test_tune_writes_a_choice_that_trains(fennel16, tmp_path, capsys):
     out = tmp_path / "tune"
     rc = main(["tune", str(fennel16.path), "--memory-budget", "2MB", "--epochs", "1", "--top", "2",
