@@ -6,8 +6,10 @@ policies (a policy is a plan: steps that say what enters and leaves memory), sam
 and the one walk every consumer shares) -> simulate, redundancy, trace, cache, belady, macrobatch,
 topology (exact I/O and cache replays without reading data) -> runtime, resident, history, ahead
 (sample ahead, then fetch: Ginex, BatchGNN), aggregate and models (torch-native layers on blocks),
-device (where the model runs), train (the executor: the same plan for real) -> sweep, plots, widgets. config holds the settings, cli is the
-`oocgnn` command. The training path imports no dgl.
+device (where the model runs), train (the executor: the same plan for real) -> sweep, compare (every
+policy at one budget), plots, widgets, reports (notebooks executed by papermill, checked by nbval) and
+benchtable (benchmarks' tables). config holds the settings, cli is the `oocgnn` command. The training
+path imports no dgl.
 """
 import os as _os
 import warnings as _warnings
