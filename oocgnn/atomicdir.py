@@ -22,7 +22,8 @@ from .errors import UserError
 
 
 def temp_path(path: Path, kind: str = "tmp") -> Path:
-    """`.NAME.tmp-PID` (a directory being written) or `.NAME.old-PID` (the one it replaces)."""
+    """`.NAME.tmp-PID` (a directory being written), `.NAME.old-PID` (the one it replaces) or
+    `.NAME.prepare-PID` (`prepare`'s sorted edge runs and neighbour file while it builds the graph)."""
     return path.parent / f".{path.name}.{kind}-{os.getpid()}"
 
 
@@ -37,8 +38,8 @@ def _alive(pid: int) -> bool:
 
 
 def leftovers(path: Path) -> list[tuple[Path, str, int, bool]]:
-    """(path, "tmp" or "old", pid, pid still running) of every writer's temporary beside `path`."""
-    pattern = re.compile(rf"^\.{re.escape(path.name)}\.(tmp|old)-(\d+)$")
+    """(path, "tmp", "old" or "prepare", pid, pid still running) of every writer's temporary beside `path`."""
+    pattern = re.compile(rf"^\.{re.escape(path.name)}\.(tmp|old|prepare)-(\d+)$")
     try:
         names = sorted(os.listdir(path.parent))
     except OSError:
@@ -61,6 +62,9 @@ def describe_leftovers(path: Path) -> list[str]:
             lines.append(f"{p.name}: the previous {path.name}, moved aside by a writer (pid {pid}) that was "
                          f"killed{'' if path.exists() else ' before it put the new one in place'}; the next "
                          f"write of {path.name} {'removes' if path.exists() else 'restores'} it")
+        elif kind == "prepare":
+            lines.append(f"{p.name}: the edge runs of a killed `prepare` of {path.name} (pid {pid}); the next "
+                         f"write of {path.name} removes them")
         else:
             lines.append(f"{p.name}: an unfinished {path.name} left by a killed writer (pid {pid}); the next "
                          f"write of {path.name} removes it")
@@ -71,8 +75,8 @@ def recover(path: Path) -> list[str]:
     """Clean dead writers' leftovers (call with the lock held): an `.old` directory is put back when
     the target is missing (a kill between the two renames), everything else is removed."""
     notes = []
-    for p, kind, pid, _ in leftovers(path):
-        if pid == os.getpid():
+    for p, kind, pid, alive in leftovers(path):
+        if pid == os.getpid() or (kind == "prepare" and alive):   # a prepare sorts its edges before the lock
             continue
         if kind == "old" and not os.path.lexists(path):
             os.rename(p, path)

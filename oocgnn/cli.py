@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -12,11 +13,9 @@ from .errors import UserError
 
 
 def _cmd_prepare(args):
-    from .datasets import load_source, parse_split
-    from .store import write_store
-    from .synthetic import generate
-    from .mixing import default_parts
-    from .partition import CSRSource, check_args, order_from_assignment, partition, peak_rss
+    from .atomicdir import temp_path
+    from .datasets import parse_split
+    from .partition import check_args
     from .store import check_target
     out = Path(os.path.abspath(args.out))
     check_target(out, args.force)                 # before the source is read: fail fast
@@ -29,13 +28,44 @@ def _cmd_prepare(args):
         from .shards import check_shards_target, shards_path
         check_shards_target(shards_path(out, args.shards), args.force)
     split = parse_split(args.split)
+    memory = prepare_memory(args.prepare_memory)
+    work = temp_path(out, "prepare") if memory else None      # sorted edge runs, the neighbour file
+    try:
+        if work is not None:
+            work.mkdir(parents=True)
+        _prepare(args, out, method, split, memory, work)
+    finally:
+        if work is not None:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def prepare_memory(text):
+    """`--prepare-memory`: bytes for sorting edges (None: sort them all in memory, for 0); auto is a quarter
+    of this machine's RAM, at most 4 GiB."""
+    from .units import parse_size
+    if str(text).strip().lower() == "auto":
+        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        return int(min(4 << 30, ram // 4))
+    size = parse_size(text)
+    if size and size < 1 << 20:
+        raise UserError(f"--prepare-memory {text}: give at least 1MiB (or 0 to sort the edges in memory)")
+    return size or None
+
+
+def _prepare(args, out, method, split, memory, work):
+    from .datasets import load_source
+    from .mixing import default_parts
+    from .partition import CSRSource, check_args, order_from_assignment, partition, peak_rss
+    from .store import write_store
+    from .synthetic import generate
     t0 = time.perf_counter()
+    bounded = {"prepare_memory": memory, "workdir": work} if memory else {}
     if args.source == "synthetic":
-        data = generate(args.preset, seed=args.seed)
+        data = generate(args.preset, seed=args.seed, progress=not args.quiet, **bounded)
     elif args.row_normalize:
-        data = load_source(args.source, row_normalize=True)
+        data = load_source(args.source, row_normalize=True, **bounded)
     else:
-        data = load_source(args.source)
+        data = load_source(args.source, **bounded)
     t_load = time.perf_counter() - t0
     if split is not None:
         data = data.resplit(split[0], split[1], seed=args.seed, test_frac=split[2])
@@ -307,6 +337,10 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--row-normalize", action="store_true",
                     help="scale each feature row to sum 1 (.npz sources; usual for bag-of-words)")
     pr.add_argument("--quiet", action="store_true", help="no progress bar")
+    pr.add_argument("--prepare-memory", default="auto",
+                    help="bytes for sorting the edges: they go to sorted runs on disk in pieces this large and "
+                         "are merged by source range (the same store, the edge list never held whole); 0 sorts "
+                         "them all in memory (default auto: a quarter of the RAM, at most 4GiB)")
     pr.add_argument("--partitioner", default="none",
                     help="metis | fennel | random | none (default none): relabel nodes so each part "
                          "is a contiguous store-id range; results cached in data/partitions")

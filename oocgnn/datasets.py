@@ -139,6 +139,35 @@ def csr_from_edges(src, dst, num_nodes: int, symmetrize: bool = True):
     return indptr, indices
 
 
+def build_csr(edge_chunks, num_nodes: int, prepare_memory=None, workdir=None, progress=False):
+    """The canonical CSR of an iterable of (src, dst) chunks: in memory (`csr_from_edges`) when
+    `prepare_memory` is None, else through `csrbuild.CSRBuilder` under that many bytes, with its runs and
+    the neighbour file (returned memory-mapped, to be kept until the store is written) in `workdir`.
+    Both give the same arrays."""
+    if prepare_memory is None:
+        chunks = list(edge_chunks)
+        src = np.concatenate([c[0] for c in chunks]) if chunks else np.empty(0, np.int64)
+        dst = np.concatenate([c[1] for c in chunks]) if chunks else np.empty(0, np.int64)
+        del chunks
+        return csr_from_edges(src, dst, num_nodes)
+    if workdir is None:
+        raise ValueError("a bounded-memory CSR needs a workdir for its runs and neighbour file")
+    from tqdm.auto import tqdm
+    from .csrbuild import CSRBuilder
+    builder = CSRBuilder(num_nodes, workdir, prepare_memory)
+    try:
+        with tqdm(desc="sorting edges", unit="edge", unit_scale=True, disable=not progress, leave=False) as bar:
+            for src, dst in edge_chunks:
+                builder.add(src, dst)
+                bar.update(len(src))
+        with tqdm(total=num_nodes, desc="merging edge runs", unit="node", unit_scale=True,
+                  disable=not progress, leave=False) as bar:
+            return builder.finish(Path(workdir) / f"{builder.dir.name}-indices.bin", progress=bar.update)
+    except BaseException:
+        builder.close()
+        raise
+
+
 def csr_to_edges(indptr, indices):
     """(src, dst) int64 arrays of a CSR, row by row."""
     src = np.repeat(np.arange(len(indptr) - 1, dtype=np.int64), np.diff(indptr))
@@ -204,7 +233,7 @@ def _check_finite(where: str, feat, first_row=0):
                         f"{', ...' if len(bad) > 5 else ''}); clean them before preparing a store")
 
 
-def load_npz(path, name=None, row_normalize=False) -> GraphData:
+def load_npz(path, name=None, row_normalize=False, prepare_memory=None, workdir=None) -> GraphData:
     """A `.npz` in the /work/shared/datasets format (keys `NPZ_KEYS`), canonicalised.
 
     `row_normalize` scales each feature row to sum 1 (rows of zeros stay zero), the usual
@@ -244,7 +273,7 @@ def load_npz(path, name=None, row_normalize=False) -> GraphData:
         raise UserError(f"{path}: src/dst hold node ids outside 0..{n - 1}")
     splits = _check_splits(str(path), labels, {k: arr[k] for k, _ in _SPLITS})
     _check_trainable(str(path), splits)
-    indptr, indices = csr_from_edges(src, dst, n)
+    indptr, indices = build_csr([(src, dst)], n, prepare_memory, workdir)
     feat = np.ascontiguousarray(feat, dtype=np.float32)
     _check_finite(f"{path}: feat", feat)
     if row_normalize:
@@ -286,14 +315,16 @@ def _csv_column(path: Path, chunk_rows: int, dtype, **kw) -> np.ndarray:
     return np.concatenate(parts) if parts else np.empty(0, dtype)
 
 
-def load_ogb_raw(root, name=None, split="auto", feature_dir=None, chunk_rows=1_000_000) -> GraphData:
+def load_ogb_raw(root, name=None, split="auto", feature_dir=None, chunk_rows=1_000_000, prepare_memory=None,
+                 workdir=None, progress=False) -> GraphData:
     """An OGB node-property-prediction dataset dir (raw/*.csv.gz + split/<name>/), streamed.
 
     Edges are read `chunk_rows` lines at a time; features go chunk by chunk into a float32
     `.npy` (`<feature_dir>/<name>-node-feat.npy`, kept) opened as a read-only memmap, so they
     never sit in RAM. Without `feature_dir` the file lives in a TemporaryDirectory that is
     attached to the memmap and removed when the last view of the features is gone.
-    NaN labels become -1 and those nodes are dropped from the splits.
+    NaN labels become -1 and those nodes are dropped from the splits. With `prepare_memory` the edges
+    go through `build_csr`'s bounded path (runs and neighbour file in `workdir`).
     """
     import re
     import tempfile
@@ -314,23 +345,25 @@ def load_ogb_raw(root, name=None, split="auto", feature_dir=None, chunk_rows=1_0
         if nn.tolist() != [n]:
             raise UserError(f"{raw / 'num-node-list.csv.gz'} says {nn.tolist()} nodes, "
                             f"node-label.csv.gz has {n} rows")
-    src, dst, seen = [], [], 0
-    for c in _csv_chunks(raw / "edge.csv.gz", chunk_rows, np.int64):
-        if c.shape[1] != 2:
-            raise UserError(f"{raw / 'edge.csv.gz'}: expected 2 columns (src,dst), found {c.shape[1]}")
-        bad = np.flatnonzero((c < 0).any(1) | (c >= n).any(1))
-        if len(bad):
-            raise UserError(f"{raw / 'edge.csv.gz'}: line {seen + bad[0] + 1} holds node id "
-                            f"{c[bad[0]].tolist()} outside 0..{n - 1}")
-        src.append(c[:, 0].copy())
-        dst.append(c[:, 1].copy())
-        seen += len(c)
+    seen = 0
+
+    def edges():
+        nonlocal seen
+        for c in _csv_chunks(raw / "edge.csv.gz", chunk_rows, np.int64):
+            if c.shape[1] != 2:
+                raise UserError(f"{raw / 'edge.csv.gz'}: expected 2 columns (src,dst), found {c.shape[1]}")
+            bad = np.flatnonzero((c < 0).any(1) | (c >= n).any(1))
+            if len(bad):
+                raise UserError(f"{raw / 'edge.csv.gz'}: line {seen + bad[0] + 1} holds node id "
+                                f"{c[bad[0]].tolist()} outside 0..{n - 1}")
+            seen += len(c)
+            yield c[:, 0].copy(), c[:, 1].copy()
+
+    indptr, indices = build_csr(edges(), n, prepare_memory, workdir, progress)
     if (raw / "num-edge-list.csv.gz").is_file():
         ne = _csv_column(raw / "num-edge-list.csv.gz", chunk_rows, np.int64)
         if ne.tolist() != [seen]:
             raise UserError(f"{raw / 'num-edge-list.csv.gz'} says {ne.tolist()} edges, edge.csv.gz has {seen}")
-    indptr, indices = csr_from_edges(np.concatenate(src) if src else [], np.concatenate(dst) if dst else [], n)
-    del src, dst
 
     split_root = d / "split"
     if split == "auto":
@@ -390,10 +423,12 @@ def load_source(path, **kw) -> GraphData:
     """A `.npz` file -> `load_npz`; an OGB dataset dir (or its parent) -> `load_ogb_raw`."""
     path = Path(path)
     if path.is_file() and path.suffix == ".npz":
-        extra = sorted(k for k, v in kw.items() if v is not None and k not in ("name", "row_normalize"))
+        both = ("name", "row_normalize", "prepare_memory", "workdir", "progress")
+        extra = sorted(k for k, v in kw.items() if v is not None and k not in both)
         if extra:
             raise UserError(f"{path}: option(s) {', '.join(extra)} only apply to OGB raw directories")
-        return load_npz(path, name=kw.get("name"), row_normalize=bool(kw.get("row_normalize")))
+        return load_npz(path, name=kw.get("name"), row_normalize=bool(kw.get("row_normalize")),
+                        prepare_memory=kw.get("prepare_memory"), workdir=kw.get("workdir"))
     if path.is_dir() and _ogb_dir(path) is not None:
         if kw.pop("row_normalize", None):
             raise UserError(f"{path}: --row-normalize applies to .npz sources only")

@@ -25,6 +25,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from .atomicdir import describe_leftovers, swap_in, temp_path, writing
+from .csrbuild import release_pages
 from .datasets import GraphData, index_dtype
 from .errors import StoreError, UserError
 from .io import feature_row_stride
@@ -191,6 +192,7 @@ def _write(data, tmp, name, order, new_of_old, identity, part_offsets, partition
         else:
             nbrs = _relabelled_rows(data, order, new_of_old, lo, hi)
         indices.write(np.asarray(nbrs, dtype=idx_dtype))
+        release_pages(data.indices)
         bar.update(hi - lo)
     files["indices.bin"] = indices.close()
     bar.close()

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, replace
 import numba
 import numpy as np
 
-from .datasets import GraphData, csr_from_edges
+from .datasets import GraphData, build_csr, csr_from_edges
 from .errors import UserError
 
 
@@ -86,12 +86,11 @@ def _lookup(cdf, q):
     return out
 
 
-def _sample_edges(cfg: SyntheticConfig, comm_start, comm_of, cdf, rng, chunk=1 << 23):
-    """Undirected edge endpoints (before dedupe), in community-contiguous ids."""
+def _edge_chunks(cfg: SyntheticConfig, comm_start, comm_of, cdf, rng, chunk=1 << 23):
+    """Undirected edge endpoints (before dedupe), in community-contiguous ids, a chunk at a time."""
     # heavy-tailed endpoints repeat pairs; oversample so the deduplicated mean degree hits the target
-    m = int(round(cfg.num_nodes * cfg.avg_degree / 2 * (1 + cfg.duplicate_allowance)))
+    m = _edge_draws(cfg)
     total = cdf[-1]
-    src_all, dst_all = [], []
     for lo in range(0, m, chunk):
         c = min(chunk, m - lo)
         src = _lookup(cdf, rng.random(c) * total)
@@ -103,13 +102,32 @@ def _sample_edges(cfg: SyntheticConfig, comm_start, comm_of, cdf, rng, chunk=1 <
         dst = _lookup(cdf, rng.random(c) * total)
         dst[inside] = _lookup(cdf, a + rng.random(len(cs)) * (b - a))
         np.minimum(dst, cfg.num_nodes - 1, out=dst)
-        src_all.append(src)
-        dst_all.append(dst)
-    return np.concatenate(src_all), np.concatenate(dst_all)
+        yield src, dst
 
 
-def generate(cfg: SyntheticConfig | str = "small", **overrides) -> GraphData:
-    """Build the graph (topology, labels, splits) and a lazy feature source."""
+def _skip_edges(cfg: SyntheticConfig, rng, chunk=1 << 23):
+    """Advance `rng` past `_edge_chunks`'s draws without drawing the edges (the same random() calls)."""
+    m = _edge_draws(cfg)
+    for lo in range(0, m, chunk):
+        c = min(chunk, m - lo)
+        rng.random(c)
+        inside = int((rng.random(c) >= cfg.mixing).sum())
+        rng.random(c)
+        rng.random(inside)
+
+
+def _edge_draws(cfg: SyntheticConfig) -> int:
+    return int(round(cfg.num_nodes * cfg.avg_degree / 2 * (1 + cfg.duplicate_allowance)))
+
+
+def generate(cfg: SyntheticConfig | str = "small", *, prepare_memory: int | None = None, workdir=None,
+             progress=False, **overrides) -> GraphData:
+    """Build the graph (topology, labels, splits) and a lazy feature source.
+
+    With `prepare_memory` (bytes), the edges stream through `csrbuild.CSRBuilder` (sorted runs under
+    `workdir`, merged by source range) instead of one in-memory sort: the same graph, byte for byte, with
+    the edge list never held whole; its neighbour ids are then a memory-mapped file in `workdir`, which
+    must outlive the returned data (until the store is written)."""
     cfg = preset(cfg, **overrides) if isinstance(cfg, str) else replace(cfg, **overrides)
     rng = np.random.default_rng(cfg.seed)
     n = cfg.num_nodes
@@ -118,16 +136,28 @@ def generate(cfg: SyntheticConfig | str = "small", **overrides) -> GraphData:
     comm_of = np.repeat(np.arange(cfg.num_communities), sizes)
     theta = np.minimum(rng.pareto(cfg.degree_exponent, n) + 1.0, cfg.max_degree_ratio)
     cdf = np.cumsum(theta)
-    src, dst = _sample_edges(cfg, comm_start, comm_of, cdf, rng)
-    del cdf, theta
-    # random relabelling: the source order carries no locality
-    perm = rng.permutation(n)
-    src, dst = perm[src], perm[dst]
+    del theta
+    if prepare_memory is None:
+        src, dst = (np.concatenate(a) for a in zip(*_edge_chunks(cfg, comm_start, comm_of, cdf, rng)))
+        del cdf
+        # random relabelling: the source order carries no locality
+        perm = rng.permutation(n)
+        src, dst = perm[src], perm[dst]
+        indptr, indices = csr_from_edges(src, dst, n)
+        del src, dst
+    else:
+        # the relabelling is drawn after the edges: skip their draws to know it, then draw them again
+        before = rng.bit_generator.state
+        _skip_edges(cfg, rng)
+        perm = rng.permutation(n)
+        after = rng.bit_generator.state
+        rng.bit_generator.state = before
+        indptr, indices = _bounded_csr(cfg, comm_start, comm_of, cdf, rng, perm, prepare_memory, workdir, progress)
+        rng.bit_generator.state = after
+        del cdf
     community = np.empty(n, dtype=np.int64)
     community[perm] = comm_of
     del comm_of, perm
-    indptr, indices = csr_from_edges(src, dst, n)
-    del src, dst
     class_of_comm = rng.permutation(cfg.num_communities) % cfg.num_classes
     true_class = class_of_comm[community]
     labels = true_class.copy()
@@ -145,6 +175,15 @@ def generate(cfg: SyntheticConfig | str = "small", **overrides) -> GraphData:
     return GraphData(name="synthetic", indptr=indptr, indices=indices, features=features,
                      labels=labels, train_idx=train, val_idx=val, test_idx=test,
                      num_classes=cfg.num_classes, info=info)
+
+
+def _bounded_csr(cfg, comm_start, comm_of, cdf, rng, perm, memory, workdir, progress):
+    """The CSR of `_edge_chunks`' edges relabelled by `perm`, built under `memory` (`datasets.build_csr`);
+    the in-memory path's chunks, since the order of the draws depends on them (~0.5 GB of draws at a time)."""
+    if workdir is None:
+        raise ValueError("a bounded-memory graph needs a workdir for its runs and neighbour file")
+    chunks = ((perm[src], perm[dst]) for src, dst in _edge_chunks(cfg, comm_start, comm_of, cdf, rng))
+    return build_csr(chunks, cfg.num_nodes, memory, workdir, progress)
 
 
 class SyntheticFeatures:

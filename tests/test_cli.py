@@ -49,7 +49,31 @@ def test_a_partitioned_store_prepared_here_is_the_one_the_notebooks_reuse(tmp_pa
     assert (store / "meta.json").stat().st_mtime_ns != written
 
 
+def test_prepare_under_a_memory_bound_writes_the_same_store(tmp_path):
+    """`--prepare-memory 1MiB` (edges through sorted runs on disk) against 0 (one in-memory sort), with a
+    FENNEL partition over the result: every file byte for byte, meta.json but for its creation time; the
+    runs' directory is gone afterwards."""
+    import json
+    stores = {}
+    for mem in ("0", "1MiB"):
+        stores[mem] = tmp_path / f"s-{mem}"
+        r = oocgnn("prepare", "synthetic", "--preset", "tiny", "--partitioner", "fennel", "--parts", 8,
+                   "--prepare-memory", mem, "--out", stores[mem], "--quiet")
+        assert r.returncode == 0, r.stderr
+    a, b = stores["0"], stores["1MiB"]
+    for f in sorted(p.name for p in a.iterdir()):
+        if f == "meta.json":
+            ma, mb = (json.loads((d / f).read_text()) for d in (a, b))
+            assert {k: v for k, v in ma.items() if k not in ("created", "checksum")} == \
+                   {k: v for k, v in mb.items() if k not in ("created", "checksum")}
+        elif not f.startswith("."):
+            assert (a / f).read_bytes() == (b / f).read_bytes(), f
+    assert not [p for p in tmp_path.iterdir() if ".prepare-" in p.name]
+
+
 @pytest.mark.parametrize("args, msg", [
+    (["prepare", "synthetic", "--preset", "tiny", "--out", "OUT", "--prepare-memory", "10KB"], "at least 1MiB"),
+    (["prepare", "synthetic", "--preset", "tiny", "--out", "OUT", "--prepare-memory", "lots"], "bad size"),
     (["info", "/nonexistent/store"], "no store at /nonexistent/store"),
     (["train", "/nonexistent/store"], "no store at"),
     (["train", "S", "--memory-budget", "12 parsecs"], "bad size"),

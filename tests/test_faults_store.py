@@ -227,6 +227,17 @@ def test_a_leftover_of_a_dead_writer_is_reported_then_removed(store, capsys):
     assert code == 0 and f"removed {left.name}" in err and not left.exists(), (err, out)
 
 
+def test_the_edge_runs_of_a_killed_prepare_are_reported_then_removed(store, capsys):
+    left = store.path.parent / f".s.prepare-{_dead_pid()}"
+    left.mkdir()
+    (left / "run00000.npy").write_bytes(b"half a run")
+    code, err = _cli(capsys, "info", store.path)
+    assert code == 0 and f"{left.name}: the edge runs of a killed `prepare`" in err, err
+    code, err, out = _cli_out(capsys, *PREPARE, "--out", store.path, "--force", "--prepare-memory", "1MiB")
+    assert code == 0 and f"removed {left.name}" in err and not left.exists(), (err, out)
+    assert not [p for p in store.path.parent.iterdir() if ".prepare-" in p.name]   # nor its own
+
+
 def test_two_writers_of_one_store_cannot_both_win(store, capsys):
     fd = os.open(store.path.parent / ".s.lock", os.O_RDWR)
     fcntl.flock(fd, fcntl.LOCK_EX)                  # another writer holds the store's lock

@@ -70,3 +70,19 @@ def test_bad_preset_and_config():
         preset("huge")
     with pytest.raises(UserError):
         preset("tiny", mixing=1.5)
+
+
+@pytest.mark.parametrize("preset, memory", [("tiny", 1 << 12), ("small", 2 << 20)])
+def test_bounded_generation_is_the_same_graph(tmp_path, preset, memory):
+    """Edges through sorted runs under `prepare_memory` (the relabelling drawn by skipping the edges'
+    draws first): the in-memory graph exactly, labels and splits included, and the same features."""
+    from oocgnn.synthetic import generate
+    plain = generate(preset)
+    bounded = generate(preset, prepare_memory=memory, workdir=tmp_path)
+    for k in ("indptr", "labels", "train_idx", "val_idx", "test_idx"):
+        assert np.array_equal(getattr(bounded, k), getattr(plain, k)), k
+    assert np.array_equal(np.asarray(bounded.indices), plain.indices)
+    assert np.array_equal(bounded.features[:50], plain.features[:50])
+    assert [p.suffix for p in tmp_path.iterdir()] == [".bin"]          # runs gone, the neighbour file kept
+    with pytest.raises(ValueError, match="workdir"):
+        generate(preset, prepare_memory=memory)
