@@ -35,6 +35,7 @@ import numba
 import numpy as np
 import pandas as pd
 
+from .csrbuild import release_pages
 from .datasets import GraphData, index_dtype
 from .errors import UserError
 from .units import peak_rss
@@ -85,6 +86,7 @@ class CSRSource:
             else:
                 idx = np.fromfile(self._path, dtype=self.dtype, count=b - a, offset=a * self.dtype.itemsize)
             yield lo, hi, idx
+            release_pages(self._indices)           # a memory-mapped neighbour file: read pages leave the RSS
             lo = hi
 
     def indices(self) -> np.ndarray:
@@ -100,9 +102,11 @@ class CSRSource:
 
     def fingerprint(self) -> str:
         """crc32 over N, E, indptr, the neighbour ids (as stored) and the training set."""
-        if self._indices_crc is None:
-            idx = np.ascontiguousarray(self._indices, dtype=index_dtype(self.num_nodes))
-            self._indices_crc = zlib.crc32(memoryview(idx).cast("B"))
+        if self._indices_crc is None:                 # chunk by chunk: the same crc, never the whole list in RAM
+            crc, dtype = 0, index_dtype(self.num_nodes)
+            for _, _, idx in self.chunks():
+                crc = zlib.crc32(memoryview(np.ascontiguousarray(idx, dtype=dtype)).cast("B"), crc)
+            self._indices_crc = crc
         crc = zlib.crc32(f"{self.num_nodes},{self.num_edges},{self._indices_crc}".encode())
         crc = zlib.crc32(memoryview(np.ascontiguousarray(self.indptr)).cast("B"), crc)
         crc = zlib.crc32(memoryview(np.ascontiguousarray(self.train_idx)).cast("B"), crc)

@@ -184,7 +184,7 @@ def _write(data, tmp, name, order, new_of_old, identity, part_offsets, partition
     deg = np.diff(data.indptr)[order]
     indptr = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(deg, out=indptr[1:])
-    edge_chunk = max(1, int(n * (1 << 24) // max(1, data.num_edges)))   # ~16M edges a chunk
+    edge_chunk = max(1, int(n * (1 << 22) // max(1, data.num_edges)))   # ~4M edges a chunk: ~200 MB of work
     for lo in range(0, n, edge_chunk):
         hi = min(n, lo + edge_chunk)
         if identity:
