@@ -56,6 +56,7 @@ SMOKE = {   # toy settings of each benchmark; tmp is a fresh directory
     "models": lambda tmp: ["--preset", "tiny", "--batches", 2, "--batch-size", 128, "--data", tmp],
     "sampler": lambda tmp: ["--preset", "tiny", "--batches", 3, "--batch-size", 256, "--data", tmp],
     "dense": lambda tmp: ["--preset", "tiny", "--batches", 3, "--batch-size", 128, "--data", tmp],
+    "prepare": lambda tmp: ["--preset", "tiny", "--memories", "0,1MiB", "--parts", 16, "--data", tmp],
     "partition": lambda tmp: ["--preset", "tiny", "--parts", 16, "--fennel-passes", 1, "--no-small",
                               "--data", tmp],
     "costmodel": lambda tmp: ["--preset", "tiny", "--parts", 16, "--budget", "10MB", "--steps", 4,
@@ -86,6 +87,15 @@ def test_benchmark_runs_at_toy_size(path, tmp_path):
     assert all(r["status"] == "ok" or r["status"].startswith("does not fit: ") for r in rows.values()), \
         [r["status"] for r in rows.values()]        # at toy sizes only a refusal of the budget, never a crash
     assert not list(tmp_path.glob(".table.csv.tmp-*")), "the atomic rewrite leaves no temporary file"
+
+
+def test_prepare_benchmark_checks_the_bounded_store_against_the_in_memory_one(tmp_path):
+    path = next(p for p in BENCHMARKS if p.stem == "prepare")
+    out = _run(path, "--preset", "tiny", "--memories", "1MiB", "--partitioner", "none", "--data", tmp_path)
+    rows = _rows(tmp_path / "bench" / "prepare.csv")
+    assert list(rows) == ["0", "1MiB"]                    # the baseline runs first, even when not listed
+    assert rows["1MiB"]["same_store"] == "True" and rows["1MiB"]["within_goal"] == "True"
+    assert "throughput" in out and "Traceback" not in out
 
 
 def test_train_goes_on_after_a_configuration_that_does_not_fit(tmp_path):
