@@ -59,6 +59,10 @@ def _prepare(args, out, method, split, memory, work):
     from .store import write_store
     from .synthetic import generate
     t0 = time.perf_counter()
+    if args.source == "synthetic" and method == "metis":        # refused before the graph is made, not after
+        from .synthetic import preset
+        cfg = preset(args.preset, seed=args.seed)
+        _check_metis_fits(cfg.num_nodes, int(cfg.num_nodes * cfg.avg_degree), memory)
     bounded = {"prepare_memory": memory, "workdir": work} if memory else {}
     if args.source == "synthetic":
         data = generate(args.preset, seed=args.seed, progress=not args.quiet, **bounded)
@@ -72,6 +76,8 @@ def _prepare(args, out, method, split, memory, work):
     parts = args.parts or (1 if method == "none" else
                            default_parts(data.num_nodes, data.num_edges, data.feat_dim))
     check_args(method, parts, data.num_nodes)
+    if method == "metis":
+        _check_metis_fits(data.num_nodes, data.num_edges, memory)
     order = offsets = None
     if method != "none" or parts > 1:
         assignment, report = partition(data, method, parts, seed=args.seed)
@@ -94,6 +100,18 @@ def _prepare(args, out, method, split, memory, work):
         where = write_shards(store, args.shards, force=args.force, progress=not args.quiet)
         print(f"wrote {args.shards} shards to {where} (rank r reads {where}/rank<r>; run with "
               f"`torchrun --nproc-per-node {args.shards} -m oocgnn train {where} --distributed`)")
+
+
+def _check_metis_fits(num_nodes, num_edges, memory):
+    """METIS only where its copy of the graph fits `--prepare-memory` (None: no bound)."""
+    from .partition import metis_memory
+    from .units import format_size
+    need = metis_memory(num_nodes, num_edges)
+    if memory and need > memory:
+        raise UserError(f"METIS holds the whole graph in memory: about {format_size(need)} for {num_nodes:,} "
+                        f"nodes and {num_edges:,} edges, more than --prepare-memory {format_size(memory)}; use "
+                        "--partitioner fennel (it streams the lists in chunks) or raise --prepare-memory "
+                        "(0: no bound)")
 
 
 def _cmd_info(args):

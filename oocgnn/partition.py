@@ -145,6 +145,16 @@ def _quiet():
         sink.close()
 
 
+METIS_EDGE_BYTES, METIS_NODE_BYTES = 64, 256
+
+
+def metis_memory(num_nodes: int, num_edges: int) -> int:
+    """Bytes METIS needs beyond the graph's own arrays: DGL's int64 CSR and METIS's copies of it. Measured
+    on `medium` (1M nodes, 16.2M directed edges): 1.79 GiB peak RSS against 0.85 GiB without a partitioner,
+    ~62 bytes an edge."""
+    return METIS_EDGE_BYTES * int(num_edges) + METIS_NODE_BYTES * int(num_nodes)
+
+
 def _metis(csr: CSRSource, parts, seed, balance_train, passes):
     import dgl
     import torch

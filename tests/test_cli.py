@@ -74,6 +74,8 @@ def test_prepare_under_a_memory_bound_writes_the_same_store(tmp_path):
 @pytest.mark.parametrize("args, msg", [
     (["prepare", "synthetic", "--preset", "tiny", "--out", "OUT", "--prepare-memory", "10KB"], "at least 1MiB"),
     (["prepare", "synthetic", "--preset", "tiny", "--out", "OUT", "--prepare-memory", "lots"], "bad size"),
+    (["prepare", "synthetic", "--preset", "tiny", "--out", "OUT", "--prepare-memory", "1MiB", "--partitioner", "metis",
+      "--parts", "8"], "use --partitioner fennel"),
     (["info", "/nonexistent/store"], "no store at /nonexistent/store"),
     (["train", "/nonexistent/store"], "no store at"),
     (["train", "S", "--memory-budget", "12 parsecs"], "bad size"),

@@ -100,7 +100,8 @@ def test_what_make_run_writes_is_ignored_by_git():
     assert "--figure figures/00_time_to_accuracy" in make and "--out runs/compare-small" in make
     assert "-m oocgnn.reports" in make
     from oocgnn.reports import NOTEBOOKS
-    written = ["figures/00_time_to_accuracy.png", "figures/00_time_to_accuracy.csv", "runs/compare-small/inmemory/log.csv",
+    written = ["figures/00_time_to_accuracy.png", "figures/00_time_to_accuracy.csv",
+               "runs/compare-small/inmemory/log.csv",
                "data/small-metis-256/meta.json", "data/partitions/x.npz",
                str((NOTEBOOKS / "executed" / "04_out_of_core_training.ipynb").relative_to(REPO)),
                str((NOTEBOOKS / "executed" / "figures" / "04_policies.png").relative_to(REPO)),
