@@ -17,7 +17,6 @@ import os
 import re
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -202,12 +201,12 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.jobs < 1:
         ap.error("--jobs must be >= 1")
-    notebooks = [Path(p) for p in args.notebooks] or sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
+    notebooks = [Path(p).resolve() for p in args.notebooks] or sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
     missing = [str(p) for p in notebooks if not p.is_file()]
     if missing:
         print(f"oocgnn.reports: error: no such notebook: {', '.join(missing)}", file=sys.stderr)
         return 2
-    out = Path(args.out)
+    out = Path(args.out).resolve()
     (out / "figures").mkdir(parents=True, exist_ok=True)
     os.environ["OOCGNN_FIGURES"] = str((out / "figures").resolve())   # the kernels inherit it
     bin_dir = str(Path(sys.executable).parent)                           # the kernel is this environment's
@@ -217,15 +216,24 @@ def main(argv=None) -> int:
     if args.jobs > 1:                      # the longest first: the last to start is then a short one
         notebooks = sorted(notebooks, key=expected_seconds, reverse=True)
         # each kernel and the runs it starts get their share of the cores: two notebooks each using every
-        # core (torch's and numba's pools) took 530 s on 2 cores, one thread each 329 s
+        # core (torch's and numba's pools) took 530 s on 2 cores from a fresh clone, one thread each 355 s
         share = str(max(1, (os.cpu_count() or 1) // args.jobs))
         for var in ("OMP_NUM_THREADS", "NUMBA_NUM_THREADS"):
             os.environ.setdefault(var, share)
-    with ThreadPoolExecutor(args.jobs) as pool:
-        for future in [pool.submit(execute, nb, out) for nb in notebooks]:
-            future.result()                # the first failure ends the command (papermill names the cell)
-    print(f"executed {len(notebooks)} notebooks in {time.perf_counter() - t:.0f} s")
-    return 0
+    # a process each: papermill changes the working directory of the process that runs it
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+    failed = []
+    with ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        for nb, future in [(nb, pool.submit(execute, nb, out)) for nb in notebooks]:
+            try:
+                future.result()
+            except Exception as e:         # papermill names the cell; the other notebooks still run
+                failed.append(nb.name)
+                print(f"oocgnn.reports: error: {nb.name} failed: {str(e).strip()[-2000:]}", file=sys.stderr)
+    print(f"executed {len(notebooks) - len(failed)} of {len(notebooks)} notebooks in {time.perf_counter() - t:.0f} s"
+          + (f"; failed: {', '.join(failed)}" if failed else ""))
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -119,3 +119,16 @@ def test_the_command_refuses_a_missing_notebook(tmp_path):
 def test_the_command_has_help(flag):
     r = subprocess.run([sys.executable, "-m", "oocgnn.reports", flag], capture_output=True, text=True)
     assert r.returncode == 0 and "--jobs" in r.stdout and "default" in r.stdout
+
+
+def test_two_at_a_time_from_another_directory_with_a_failing_notebook(tmp_path, monkeypatch):
+    """Relative notebook paths, two processes (papermill changes its process's working directory), and a
+    failing notebook: the other's report is still written, the command exits 1 naming the failure."""
+    good = _notebook(tmp_path / "good.ipynb", "print(6 * 7)")
+    _notebook(tmp_path / "bad.ipynb", "raise ValueError('broken on purpose')")
+    r = subprocess.run([sys.executable, "-m", "oocgnn.reports", "good.ipynb", "bad.ipynb", "--jobs", "2",
+                        "--out", "executed"], cwd=tmp_path, capture_output=True, text=True)
+    assert r.returncode == 1 and "bad.ipynb failed" in r.stderr and "broken on purpose" in r.stderr, r.stderr
+    assert "executed 1 of 2" in r.stdout
+    assert current_report(good, tmp_path / "executed") is not None
+    assert not (tmp_path / "executed" / "bad.ipynb").exists()
