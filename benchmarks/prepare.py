@@ -56,11 +56,8 @@ def run_prepare(args, memory, out):
     return wall, rss, int(m.group(1).replace(",", ""))
 
 
-DATA_FILES = ("features.bin", "indices.bin", "indptr.npy", "labels.npy", "train_idx.npy", "val_idx.npy",
-              "test_idx.npy", "part_offsets.npy", "orig_ids.npy")
-
-
 def same_store(a: Path, b: Path) -> bool:
+    from oocgnn.store import DATA_FILES
     return all(filecmp.cmp(a / f, b / f, shallow=False) for f in DATA_FILES)
 
 

@@ -14,15 +14,16 @@ from pathlib import Path
 import nbformat
 from nbclient import NotebookClient
 
+from oocgnn.reports import KERNEL_ARGS, SECONDS_KEY
+
 HERE = Path(__file__).resolve().parent
 
 
 def refresh(path: Path):
     nb = nbformat.read(path, as_version=4)
     t = time.perf_counter()
-    # nbval runs its kernels under pytest, where ipykernel does not forward what subprocesses write to
-    # fd 1/2 (train_fresh's notes); store the outputs nbval will see
-    NotebookClient(nb, timeout=1800, kernel_name="python3", extra_arguments=["--IPKernelApp.capture_fd_output=False"],
+    # executed as the reports are (`oocgnn.reports.KERNEL_ARGS`): the outputs nbval will see
+    NotebookClient(nb, timeout=1800, kernel_name="python3", extra_arguments=KERNEL_ARGS,
                    resources={"metadata": {"path": str(HERE)}}).execute()
     for cell in nb.cells:
         cell.metadata.pop("execution", None)
@@ -33,7 +34,7 @@ def refresh(path: Path):
                     out["execution_count"] = None
     nb.metadata.pop("widgets", None)
     nb.metadata["language_info"] = {"name": "python"}
-    nb.metadata["oocgnn_seconds"] = round(time.perf_counter() - t)   # `oocgnn.reports --jobs` runs the longest first
+    nb.metadata[SECONDS_KEY] = round(time.perf_counter() - t)   # `oocgnn.reports --jobs` runs the longest first
     nbformat.write(nb, path)
     print(f"refreshed {path.name}")
 

@@ -61,7 +61,11 @@ def fitting_settings(store, cfg: TrainConfig, policy: str) -> tuple[dict, str]:
     if not fits:
         raise refusal
     knobs = max(fits, key=lambda f: f[0])[1]
-    return knobs, "defaults do not fit; " + ", ".join(f"{k}={v}" for k, v in knobs.items())
+    return knobs, "defaults do not fit; " + _knobs_text(knobs)
+
+
+def _knobs_text(knobs: dict) -> str:
+    return ", ".join(f"{k}={v}" for k, v in knobs.items())
 
 
 def _prime(cfgs):
@@ -90,7 +94,7 @@ def _row(policy, knobs, note, s, feature_bytes) -> dict:
     io = s["io"]["bytes_read"]
     epochs = s["steps"] / max(1, s["epoch_steps"])
     return {"policy": policy, "status": "ok" + (f" ({note})" if note else ""),
-            "knobs": ", ".join(f"{k}={v}" for k, v in knobs.items()), "epochs": s["epochs"], "steps": s["steps"],
+            "knobs": _knobs_text(knobs), "epochs": s["epochs"], "steps": s["steps"],
             "epoch_s": s["epoch_s"], "train_s": s["train_s"], "best_val_acc": s["best_val_acc"],
             "test_at_best_val": s["test_at_best_val"], "final_test_acc": s["final_test_acc"], "bytes_read": io,
             "read_per_epoch": io / epochs, "feature_files_per_epoch": io / epochs / feature_bytes,
@@ -113,7 +117,7 @@ def compare(cfg: TrainConfig, policies=DEFAULT_POLICIES, out="runs/compare", tar
     from tqdm.auto import tqdm
     store = open_store(cfg.store, verify=False)
     feature_bytes = store.num_nodes * store.row_stride
-    rows, runnable = {}, []
+    runnable = []
     saved = BenchTable(Path(out) / "comparison.csv", TABLE_COLUMNS, key="policy", echo=False)
     for p in policies:                          # in their order; what a kill leaves says what never ran
         saved.add(p, "not run")
@@ -121,8 +125,7 @@ def compare(cfg: TrainConfig, policies=DEFAULT_POLICIES, out="runs/compare", tar
         try:
             knobs, note = fitting_settings(store, cfg, p)
         except UserError as e:
-            rows[p] = {"policy": p, "status": f"does not fit: {e}"}
-            saved.add(p, rows[p]["status"])
+            saved.add(p, f"does not fit: {e}")
             echo(f"{p}: does not fit the {format_size(cfg.memory_budget_bytes)} budget: {e}")
             continue
         runnable.append((p, knobs, note, cfg.replace(policy=p, **knobs, out=str(Path(out) / p), force=True,
@@ -135,21 +138,19 @@ def compare(cfg: TrainConfig, policies=DEFAULT_POLICIES, out="runs/compare", tar
         try:
             s = train_fresh(c)
         except UserError as e:
-            rows[p] = {"policy": p, "status": f"failed: {e}", "knobs": ", ".join(f"{k}={v}" for k, v in knobs.items())}
-            saved.add(p, rows[p]["status"], knobs=rows[p]["knobs"])
+            saved.add(p, f"failed: {e}", knobs=_knobs_text(knobs))
             echo(f"{p}: failed: {e}")
             continue
-        rows[p] = _row(p, knobs, note, s, feature_bytes)
-        saved.add(p, **{k: v for k, v in rows[p].items() if k != "policy"})
+        row = _row(p, knobs, note, s, feature_bytes)
+        saved.add(p, **{k: v for k, v in row.items() if k != "policy"})
         logs.append(s["log"].assign(policy=p))
         echo(f"{p}: {s['epoch_s']:.2f} s an epoch, best val {s['best_val_acc']:.4f}, read "
-             f"{format_size(rows[p]['read_per_epoch'])} an epoch" + (f" ({note})" if note else ""))
+             f"{format_size(row['read_per_epoch'])} an epoch" + (f" ({note})" if note else ""))
     logs = pd.concat(logs, ignore_index=True) if logs else pd.DataFrame(columns=["policy", "wall_s", "val_acc"])
-    table = pd.DataFrame([rows[p] for p in policies if p in rows], columns=TABLE_COLUMNS)
-    ok = table["best_val_acc"].notna()
-    target = target_acc or (round(TARGET_SHARE * table.loc[ok, "best_val_acc"].max(), 4) if ok.any() else None)
+    reached = [r["best_val_acc"] for r in saved.rows if r.get("best_val_acc") is not None]
+    target = target_acc or (round(TARGET_SHARE * max(reached), 4) if reached else None)
     if target:
         for p, log in logs.groupby("policy", sort=False):
-            table.loc[table.policy == p, "time_to_target_s"] = time_to(log, target)
-            saved.add(p, rows[p]["status"], time_to_target_s=time_to(log, target))
+            saved.add(p, saved.status(p), time_to_target_s=time_to(log, target))
+    table = pd.DataFrame(saved.rows, columns=TABLE_COLUMNS)
     return table, logs, target

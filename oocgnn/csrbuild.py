@@ -26,6 +26,7 @@ import numpy as np
 
 from .datasets import index_dtype
 from .errors import UserError
+from .io import release_pages
 
 KEY_BYTES = 36      # per key held: the key, its copies in the concatenation and deduplication, rows and masks
 
@@ -41,7 +42,6 @@ class CSRBuilder:
         self.dir = Path(tempfile.mkdtemp(prefix="oocgnn-runs-", dir=workdir))
         self.runs: list[Path] = []
         self.count = np.zeros(self.n, dtype=np.int64)           # keys per source over the runs
-        self.edges_in = 0
 
     def add(self, src, dst):
         """Take a chunk of edges (any length; ids in 0..N-1)."""
@@ -51,7 +51,6 @@ class CSRBuilder:
         step = max(1, self.run_keys // (2 if self.symmetrize else 1))
         for lo in range(0, len(src), step):
             self._run(np.asarray(src[lo:lo + step], dtype=np.int64), np.asarray(dst[lo:lo + step], dtype=np.int64))
-        self.edges_in += len(src)
 
     def _run(self, src, dst):
         if not len(src):
@@ -123,15 +122,6 @@ class CSRBuilder:
     def close(self):
         """Remove the runs (a builder abandoned before `finish`)."""
         shutil.rmtree(self.dir, ignore_errors=True)
-
-
-def release_pages(arr):
-    """Unmap the pages of a memory-mapped array read so far: they stay in the page cache, but no longer
-    count in this process's resident set (a bounded prepare reads its runs and neighbour file through maps)."""
-    import mmap
-    m = getattr(arr, "_mmap", None)
-    if isinstance(arr, np.memmap) and m is not None and hasattr(m, "madvise"):
-        m.madvise(mmap.MADV_DONTNEED)
 
 
 def _unique_sorted(keys: np.ndarray) -> np.ndarray:

@@ -35,9 +35,9 @@ import numba
 import numpy as np
 import pandas as pd
 
-from .csrbuild import release_pages
 from .datasets import GraphData, index_dtype
 from .errors import UserError
+from .io import release_pages
 from .units import peak_rss
 
 DEFAULT_CACHE_DIR = Path(os.environ.get("OOCGNN_PARTITION_CACHE",

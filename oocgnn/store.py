@@ -25,10 +25,9 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from .atomicdir import describe_leftovers, swap_in, temp_path, writing
-from .csrbuild import release_pages
 from .datasets import GraphData, index_dtype
 from .errors import StoreError, UserError
-from .io import feature_row_stride
+from .io import feature_row_stride, release_pages
 from .readers import open_reader
 from .units import format_size
 

@@ -180,8 +180,6 @@ def generate(cfg: SyntheticConfig | str = "small", *, prepare_memory: int | None
 def _bounded_csr(cfg, comm_start, comm_of, cdf, rng, perm, memory, workdir, progress):
     """The CSR of `_edge_chunks`' edges relabelled by `perm`, built under `memory` (`datasets.build_csr`);
     the in-memory path's chunks, since the order of the draws depends on them (~0.5 GB of draws at a time)."""
-    if workdir is None:
-        raise ValueError("a bounded-memory graph needs a workdir for its runs and neighbour file")
     chunks = ((perm[src], perm[dst]) for src, dst in _edge_chunks(cfg, comm_start, comm_of, cdf, rng))
     return build_csr(chunks, cfg.num_nodes, memory, workdir, progress)
 
