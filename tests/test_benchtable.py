@@ -86,18 +86,16 @@ def test_ratios_with_a_missing_side_read_n_a_with_the_reason(tmp_path):
 
 
 def test_a_dead_subprocess_reads_as_its_exit_code_and_last_stderr_line():
-    r = subprocess.run([sys.executable, "-c", "import sys; print('noise', file=sys.stderr); "
-                        "sys.stderr.write('MemoryError: out of memory\\n\\n'); sys.exit(3)"],
-                       capture_output=True, text=True)
-    with pytest.raises(ProcessFailed) as e:
-        check_process(r)
-    assert why(e.value) == "failed: exit 3: MemoryError: out of memory"
-    r = subprocess.run([sys.executable, "-c", "from oocgnn.errors import UserError; "
-                        "raise UserError('policy x needs 9 MiB but --memory-budget is 1 MiB')"],
-                       capture_output=True, text=True)
-    with pytest.raises(ProcessFailed) as e:
-        check_process(r)
-    assert why(e.value) == "does not fit: policy x needs 9 MiB but --memory-budget is 1 MiB (exit 1)"
+    def failure(code):
+        with pytest.raises(ProcessFailed) as e:
+            check_process(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True))
+        return why(e.value)
+    assert failure("import sys; print('noise', file=sys.stderr); "
+                   "sys.stderr.write('MemoryError: out of memory\\n\\n'); sys.exit(3)") == \
+        "failed: exit 3: MemoryError: out of memory"
+    assert failure("from oocgnn.errors import UserError; "
+                   "raise UserError('policy x needs 9 MiB but --memory-budget is 1 MiB')") == \
+        "does not fit: policy x needs 9 MiB but --memory-budget is 1 MiB (exit 1)"
     check_process(subprocess.run([sys.executable, "-c", "pass"], capture_output=True, text=True))
     assert why(ProcessFailed(-9, "")) == "failed: exit -9"
 

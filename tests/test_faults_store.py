@@ -217,25 +217,19 @@ def test_a_kill_after_the_exchange_leaves_the_new_store_and_a_reported_leftover(
     assert not [p for p in store.path.parent.iterdir() if ".tmp-" in p.name]
 
 
-def test_a_leftover_of_a_dead_writer_is_reported_then_removed(store, capsys):
-    left = store.path.parent / f".s.tmp-{_dead_pid()}"
+@pytest.mark.parametrize("kind, content, says, flags", [
+    ("tmp", "features.bin", "an unfinished s left by a killed writer", ()),
+    ("prepare", "run00000.npy", "the edge runs of a killed `prepare`", ("--prepare-memory", "1MiB")),
+])
+def test_a_leftover_of_a_dead_writer_is_reported_then_removed(store, capsys, kind, content, says, flags):
+    left = store.path.parent / f".s.{kind}-{_dead_pid()}"
     left.mkdir()
-    (left / "features.bin").write_bytes(b"half")
+    (left / content).write_bytes(b"half")
     code, err = _cli(capsys, "info", store.path)
-    assert code == 0 and f"{left.name}: an unfinished s left by a killed writer" in err, err
-    code, err, out = _cli_out(capsys, *PREPARE, "--out", store.path, "--force")
+    assert code == 0 and f"{left.name}: {says}" in err, err
+    code, err, out = _cli_out(capsys, *PREPARE, "--out", store.path, "--force", *flags)
     assert code == 0 and f"removed {left.name}" in err and not left.exists(), (err, out)
-
-
-def test_the_edge_runs_of_a_killed_prepare_are_reported_then_removed(store, capsys):
-    left = store.path.parent / f".s.prepare-{_dead_pid()}"
-    left.mkdir()
-    (left / "run00000.npy").write_bytes(b"half a run")
-    code, err = _cli(capsys, "info", store.path)
-    assert code == 0 and f"{left.name}: the edge runs of a killed `prepare`" in err, err
-    code, err, out = _cli_out(capsys, *PREPARE, "--out", store.path, "--force", "--prepare-memory", "1MiB")
-    assert code == 0 and f"removed {left.name}" in err and not left.exists(), (err, out)
-    assert not [p for p in store.path.parent.iterdir() if ".prepare-" in p.name]   # nor its own
+    assert not [p for p in store.path.parent.iterdir() if f".{kind}-" in p.name]   # nor the writer's own
 
 
 def test_two_writers_of_one_store_cannot_both_win(store, capsys):
