@@ -59,6 +59,10 @@ PRESETS = {
     "medium": SyntheticConfig(num_nodes=1_000_000, avg_degree=16, num_communities=4_000),
     "large": SyntheticConfig(num_nodes=8_000_000, avg_degree=16, num_communities=16_000,
                              train_frac=0.02, val_frac=0.005, test_frac=0.01),
+    # features (28M x 256 float32 = 28.7 GB) exceed this 24 GB machine's RAM; ~392M directed edges;
+    # wide rows as in IGB keep the node count (and so an epoch on 2 cores) moderate
+    "xlarge": SyntheticConfig(num_nodes=28_000_000, avg_degree=14, feat_dim=256, num_communities=56_000,
+                              train_frac=0.005, val_frac=0.001, test_frac=0.002),
 }
 
 
@@ -131,12 +135,7 @@ def generate(cfg: SyntheticConfig | str = "small", *, prepare_memory: int | None
     cfg = preset(cfg, **overrides) if isinstance(cfg, str) else replace(cfg, **overrides)
     rng = np.random.default_rng(cfg.seed)
     n = cfg.num_nodes
-    sizes = _community_sizes(cfg, rng)
-    comm_start = np.concatenate([[0], np.cumsum(sizes)])
-    comm_of = np.repeat(np.arange(cfg.num_communities), sizes)
-    theta = np.minimum(rng.pareto(cfg.degree_exponent, n) + 1.0, cfg.max_degree_ratio)
-    cdf = np.cumsum(theta)
-    del theta
+    comm_start, comm_of, cdf = _communities(cfg, rng)
     if prepare_memory is None:
         src, dst = (np.concatenate(a) for a in zip(*_edge_chunks(cfg, comm_start, comm_of, cdf, rng)))
         del cdf
@@ -146,12 +145,7 @@ def generate(cfg: SyntheticConfig | str = "small", *, prepare_memory: int | None
         indptr, indices = csr_from_edges(src, dst, n)
         del src, dst
     else:
-        # the relabelling is drawn after the edges: skip their draws to know it, then draw them again
-        before = rng.bit_generator.state
-        _skip_edges(cfg, rng)
-        perm = rng.permutation(n)
-        after = rng.bit_generator.state
-        rng.bit_generator.state = before
+        perm, after = _relabelling_ahead(cfg, rng)
         indptr, indices = _bounded_csr(cfg, comm_start, comm_of, cdf, rng, perm, prepare_memory, workdir, progress)
         rng.bit_generator.state = after
         del cdf
@@ -175,6 +169,37 @@ def generate(cfg: SyntheticConfig | str = "small", *, prepare_memory: int | None
     return GraphData(name="synthetic", indptr=indptr, indices=indices, features=features,
                      labels=labels, train_idx=train, val_idx=val, test_idx=test,
                      num_classes=cfg.num_classes, info=info)
+
+
+def _communities(cfg: SyntheticConfig, rng):
+    """(first id of each community + N, community of each id, CDF of the degree propensities)."""
+    sizes = _community_sizes(cfg, rng)
+    comm_start = np.concatenate([[0], np.cumsum(sizes)])
+    comm_of = np.repeat(np.arange(cfg.num_communities), sizes)
+    theta = np.minimum(rng.pareto(cfg.degree_exponent, cfg.num_nodes) + 1.0, cfg.max_degree_ratio)
+    return comm_start, comm_of, np.cumsum(theta)
+
+
+def _relabelling_ahead(cfg: SyntheticConfig, rng):
+    """The random relabelling, which is drawn after the edges: found by skipping their draws. `rng` is left
+    where the edges start; returns (the relabelling, the generator state after it)."""
+    before = rng.bit_generator.state
+    _skip_edges(cfg, rng)
+    perm = rng.permutation(cfg.num_nodes)
+    after = rng.bit_generator.state
+    rng.bit_generator.state = before
+    return perm, after
+
+
+def edge_stream(cfg: SyntheticConfig | str, **overrides):
+    """The undirected edges `generate` draws (before symmetrising and deduplicating), in final node ids,
+    as (src, dst) int64 chunks of 8M: the raw edge list a real source would give, for sort benchmarks."""
+    cfg = preset(cfg, **overrides) if isinstance(cfg, str) else replace(cfg, **overrides)
+    rng = np.random.default_rng(cfg.seed)
+    comm_start, comm_of, cdf = _communities(cfg, rng)
+    perm, _ = _relabelling_ahead(cfg, rng)
+    for src, dst in _edge_chunks(cfg, comm_start, comm_of, cdf, rng):
+        yield perm[src], perm[dst]
 
 
 def _bounded_csr(cfg, comm_start, comm_of, cdf, rng, perm, memory, workdir, progress):

@@ -86,3 +86,19 @@ def test_bounded_generation_is_the_same_graph(tmp_path, preset, memory):
     assert [p.suffix for p in tmp_path.iterdir()] == [".bin"]          # runs gone, the neighbour file kept
     with pytest.raises(ValueError, match="workdir"):
         generate(preset, prepare_memory=memory)
+
+
+def test_edge_stream_is_the_generated_graphs_raw_edges(tiny_data):
+    """The raw edges benchmarks sort are the generator's: their canonical CSR is its topology."""
+    from oocgnn.datasets import csr_from_edges
+    from oocgnn.synthetic import edge_stream
+    src, dst = (np.concatenate(a) for a in zip(*edge_stream("tiny")))
+    assert len(src) > tiny_data.indptr[-1] // 2                         # undirected draws, repeats included
+    indptr, indices = csr_from_edges(src, dst, tiny_data.num_nodes)
+    assert np.array_equal(indptr, tiny_data.indptr) and np.array_equal(indices, tiny_data.indices)
+
+
+def test_xlarge_features_exceed_this_machines_memory():
+    """The xlarge preset's reason to exist: its feature matrix is larger than 24 GB of RAM."""
+    cfg = preset("xlarge")
+    assert cfg.num_nodes * cfg.feat_dim * 4 > 26e9
