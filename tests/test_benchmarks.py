@@ -56,6 +56,7 @@ SMOKE = {   # toy settings of each benchmark; tmp is a fresh directory
     "models": lambda tmp: ["--preset", "tiny", "--batches", 2, "--batch-size", 128, "--data", tmp],
     "sampler": lambda tmp: ["--preset", "tiny", "--batches", 3, "--batch-size", 256, "--data", tmp],
     "dense": lambda tmp: ["--preset", "tiny", "--batches", 3, "--batch-size", 128, "--data", tmp],
+    "external_sort": lambda tmp: ["--preset", "tiny", "--memory", "1MiB", "--data", tmp],
     "prepare": lambda tmp: ["--preset", "tiny", "--memories", "0,1MiB", "--parts", 16, "--data", tmp],
     "partition": lambda tmp: ["--preset", "tiny", "--parts", 16, "--fennel-passes", 1, "--no-small",
                               "--data", tmp],
@@ -96,6 +97,15 @@ def test_prepare_benchmark_checks_the_bounded_store_against_the_in_memory_one(tm
     assert list(rows) == ["0", "1MiB"]                    # the baseline runs first, even when not listed
     assert rows["1MiB"]["same_store"] == "True" and rows["1MiB"]["within_goal"] == "True"
     assert "throughput" in out and "Traceback" not in out
+
+
+def test_external_sort_benchmark_checks_duckdb_against_our_sort(tmp_path):
+    """Both methods give the same CSR (digests of indptr and the neighbour file); the raw edges are removed."""
+    path = next(p for p in BENCHMARKS if p.stem == "external_sort")
+    out = _run(path, "--preset", "tiny", "--memory", "64KiB", "--data", tmp_path)
+    rows = _rows(tmp_path / "bench" / "external_sort.csv")
+    assert list(rows) == ["numpy", "duckdb"] and all(r["same_csr"] == "True" for r in rows.values())
+    assert "duckdb: throughput" in out and not (tmp_path / "bench" / "edges-tiny.npy").exists()
 
 
 def test_train_goes_on_after_a_configuration_that_does_not_fit(tmp_path):
