@@ -174,6 +174,11 @@ def _write(data, tmp, name, order, new_of_old, identity, part_offsets, partition
         hi = min(n, lo + rows_per_chunk)
         block = np.zeros((hi - lo, stride // itemsize), dtype=np.float32)
         block[:, :d] = data.features[order[lo:hi]]
+        if not np.isfinite(block).all():      # sources that are memory-mapped in place were not checked
+            bad = order[lo:hi][~np.isfinite(block).all(1)]
+            raise UserError(f"{data.name}: {len(bad)} feature row(s) hold NaN or infinite values (source rows "
+                            f"{', '.join(map(str, bad[:5]))}{', ...' if len(bad) > 5 else ''}); clean them "
+                            f"before preparing a store")
         feats.write(block)
         bar.update(hi - lo)
     files["features.bin"] = feats.close()
