@@ -204,6 +204,21 @@ class Plan:
             raise UserError(f"policy {self.name} needs {format_size(need)} resident ({parts}, topology "
                             f"{self.topology}) but --memory-budget is {format_size(self.budget)}")
 
+    def check_machine(self, available: int | None = None):
+        """Refuse to execute a plan whose resident arrays exceed this machine's available memory (RAM not
+        in use, reclaimable page cache included): `inmemory` on a graph larger than RAM, or a budget larger
+        than the machine. Simulating such a plan needs no memory and is not refused."""
+        if available is None:
+            import psutil
+            available = psutil.virtual_memory().available
+        need = self.resident_bytes()
+        if need > available:
+            parts = ", ".join(f"{k} {format_size(v)}" for k, v in self.memory().items())
+            hint = "an out-of-core policy (hierbatching, outre, ginex, macrobatch, marius, composed, mmap)" \
+                if not self.budgeted else "a --memory-budget this machine holds"
+            raise UserError(f"policy {self.name} needs {format_size(need)} resident ({parts}) but this machine has "
+                            f"{format_size(available)} of memory available: choose {hint}")
+
     def __repr__(self):
         return f"{type(self).__name__}({self.schedule!r}, fanouts={self.fanouts}, seed={self.seed})"
 

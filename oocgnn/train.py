@@ -158,6 +158,7 @@ def train(cfg: TrainConfig) -> dict:
         torch.set_num_threads(cfg.threads)
     _seed_everything(cfg.seed)
     plan = make_plan(store, cfg)
+    plan.check_machine()                           # what cannot be resident here is refused before any read
     mix = mixing(plan)                             # from labels and the plan's groups: no I/O
     if mix["warning"]:
         print(f"oocgnn: warning: {plan.name}: {mix['warning']}", file=sys.stderr)

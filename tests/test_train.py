@@ -153,3 +153,22 @@ def test_train_fresh_runs_in_a_new_process_and_trains_the_same(tiny_store, tmp_p
     fresh = train_fresh(TrainConfig.create(out=str(tmp_path / "fresh"), **kw))
     assert fresh["log"]["train_loss"].iloc[1:].tolist() == pytest.approx(here["log"]["train_loss"].iloc[1:].tolist())
     assert fresh["log"]["val_acc"].tolist() == here["log"]["val_acc"].tolist()
+
+
+def test_a_plan_larger_than_the_machine_is_refused_before_any_read(tiny_store, tmp_path, monkeypatch):
+    """inmemory on a graph larger than the available memory (xlarge here: 28.7 GB of features on 24 GB) is
+    refused with the reason; simulating it is not; mmap, whose resident arrays fit, still runs."""
+    import psutil
+    from collections import namedtuple
+    from oocgnn.errors import UserError
+    from oocgnn.simulate import simulate
+    from oocgnn.policies import make_plan
+    feature_bytes = tiny_store.num_nodes * tiny_store.row_stride
+    vm = namedtuple("vm", "available total")(feature_bytes // 2, feature_bytes)
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: vm)
+    with pytest.raises(UserError, match=r"policy inmemory needs .* resident \(feature_rows .*this machine has .* "
+                                        r"available: choose an out-of-core policy"):
+        _run(tiny_store, tmp_path, policy="inmemory", epochs=1)
+    cfg = TrainConfig.create(store=str(tiny_store.path), policy="inmemory", epochs=1)
+    assert len(simulate(tiny_store, make_plan(tiny_store, cfg), epochs=1, progress=False))
+    assert _run(tiny_store, tmp_path, policy="mmap", epochs=1, max_steps=2)["steps"] == 2
