@@ -18,6 +18,7 @@ import shutil
 import sys
 import time
 import zlib
+from contextlib import contextmanager
 from functools import cached_property
 from pathlib import Path
 
@@ -160,6 +161,23 @@ def _check_splits(data: GraphData):
                             f"(e.g. node {bad[0]} labelled {labels[bad[0]]})")
 
 
+@contextmanager
+def _row_gather(features, identity):
+    """rows(ids) of the source's features. A float32 file mapped in memory (an OGB source's, larger than RAM)
+    is gathered in a partition order by O_DIRECT reads, sorted and coalesced, many in flight
+    (`direct.DirectReader`): page faults through the map would fetch its scattered rows one at a time."""
+    import mmap
+    mm = features
+    if identity or not isinstance(mm, np.memmap) or not isinstance(mm.base, mmap.mmap) or mm.dtype != np.float32 \
+            or mm.ndim != 2 or not mm.flags.c_contiguous or mm.filename is None:
+        yield lambda ids: features[ids]
+        return
+    from .direct import DirectReader
+    with DirectReader(mm.filename, mm.shape[0], mm.shape[1], row_stride=mm.shape[1] * 4, offset=mm.offset,
+                      buffer_bytes=64 << 20) as reader:
+        yield reader.read_rows
+
+
 def _write(data, tmp, name, order, new_of_old, identity, part_offsets, partitioner, progress):
     """Every file of the store into the directory `tmp`, meta.json (with its checksum) and stamp last."""
     n, d = data.num_nodes, data.feat_dim
@@ -170,17 +188,18 @@ def _write(data, tmp, name, order, new_of_old, identity, part_offsets, partition
     bar = tqdm(total=2 * n, desc=f"writing {name}", unit="row", unit_scale=True,
                disable=not progress, leave=False)
     feats = _CrcWriter(tmp / "features.bin")
-    for lo in range(0, n, rows_per_chunk):
-        hi = min(n, lo + rows_per_chunk)
-        block = np.zeros((hi - lo, stride // itemsize), dtype=np.float32)
-        block[:, :d] = data.features[order[lo:hi]]
-        if not np.isfinite(block).all():      # sources that are memory-mapped in place were not checked
-            bad = order[lo:hi][~np.isfinite(block).all(1)]
-            raise UserError(f"{data.name}: {len(bad)} feature row(s) hold NaN or infinite values (source rows "
-                            f"{', '.join(map(str, bad[:5]))}{', ...' if len(bad) > 5 else ''}); clean them "
-                            f"before preparing a store")
-        feats.write(block)
-        bar.update(hi - lo)
+    with _row_gather(data.features, identity) as gather:
+        for lo in range(0, n, rows_per_chunk):
+            hi = min(n, lo + rows_per_chunk)
+            block = np.zeros((hi - lo, stride // itemsize), dtype=np.float32)
+            block[:, :d] = gather(order[lo:hi])
+            if not np.isfinite(block).all():      # sources that are memory-mapped in place were not checked
+                bad = order[lo:hi][~np.isfinite(block).all(1)]
+                raise UserError(f"{data.name}: {len(bad)} feature row(s) hold NaN or infinite values (source rows "
+                                f"{', '.join(map(str, bad[:5]))}{', ...' if len(bad) > 5 else ''}); clean them "
+                                f"before preparing a store")
+            feats.write(block)
+            bar.update(hi - lo)
     files["features.bin"] = feats.close()
 
     idx_dtype = index_dtype(n)
