@@ -173,7 +173,13 @@ def _row_gather(features, identity):
         yield lambda ids: features[ids]
         return
     from .direct import DirectReader
-    with DirectReader(mm.filename, mm.shape[0], mm.shape[1], row_stride=mm.shape[1] * 4, offset=mm.offset,
+    row_bytes = mm.shape[1] * 4
+    if mm.offset % 4:                     # an array inside a zip (.npz) starts anywhere: read its rows as bytes
+        with DirectReader(mm.filename, mm.shape[0], row_bytes, dtype=np.uint8, offset=mm.offset,
+                          buffer_bytes=64 << 20) as reader:
+            yield lambda ids: reader.read_rows(ids).view(np.float32)
+        return
+    with DirectReader(mm.filename, mm.shape[0], mm.shape[1], row_stride=row_bytes, offset=mm.offset,
                       buffer_bytes=64 << 20) as reader:
         yield reader.read_rows
 

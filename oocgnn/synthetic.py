@@ -93,7 +93,7 @@ def _lookup(cdf, q):
 def _edge_chunks(cfg: SyntheticConfig, comm_start, comm_of, cdf, rng, chunk=1 << 23):
     """Undirected edge endpoints (before dedupe), in community-contiguous ids, a chunk at a time."""
     # heavy-tailed endpoints repeat pairs; oversample so the deduplicated mean degree hits the target
-    m = _edge_draws(cfg)
+    m = edge_draws(cfg)
     total = cdf[-1]
     for lo in range(0, m, chunk):
         c = min(chunk, m - lo)
@@ -111,7 +111,7 @@ def _edge_chunks(cfg: SyntheticConfig, comm_start, comm_of, cdf, rng, chunk=1 <<
 
 def _skip_edges(cfg: SyntheticConfig, rng, chunk=1 << 23):
     """Advance `rng` past `_edge_chunks`'s draws without drawing the edges (the same random() calls)."""
-    m = _edge_draws(cfg)
+    m = edge_draws(cfg)
     for lo in range(0, m, chunk):
         c = min(chunk, m - lo)
         rng.random(c)
@@ -120,7 +120,8 @@ def _skip_edges(cfg: SyntheticConfig, rng, chunk=1 << 23):
         rng.random(inside)
 
 
-def _edge_draws(cfg: SyntheticConfig) -> int:
+def edge_draws(cfg: SyntheticConfig) -> int:
+    """Undirected edges drawn, repeats and self-loops included: what `edge_stream` yields."""
     return int(round(cfg.num_nodes * cfg.avg_degree / 2 * (1 + cfg.duplicate_allowance)))
 
 

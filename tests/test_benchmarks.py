@@ -108,6 +108,17 @@ def test_external_sort_benchmark_checks_duckdb_against_our_sort(tmp_path):
     assert "duckdb: throughput" in out and not (tmp_path / "bench" / "edges-tiny.npy").exists()
 
 
+def test_prepare_benchmark_converts_a_papers100m_fixture(tmp_path):
+    """--ogb-scale: OGB's binary layout at a small fraction of ogbn-papers100M, the bounded path's store equal
+    to the in-memory one, the prediction for the full dataset printed, the fixture removed."""
+    path = next(p for p in BENCHMARKS if p.stem == "prepare")
+    out = _run(path, "--ogb-scale", "0.0001", "--memories", "1MiB", "--parts", 16, "--data", tmp_path)
+    rows = _rows(tmp_path / "bench" / "prepare.csv")
+    assert rows["1MiB"]["same_store"] == "True" and float(rows["1MiB"]["peak_disk"]) > 0
+    assert "ogbn-papers100M (111M nodes" in out and re.search(r"\n  --prepare-memory 1MiB +\d+ min, peak RSS", out)
+    assert not (tmp_path / "bench" / "ogb-fixture-0.0001").exists()
+
+
 def test_train_goes_on_after_a_configuration_that_does_not_fit(tmp_path):
     """marius needs 1.5 MiB for its smallest buffer on the tiny store, over the 1MB budget: its worker
     refuses, the row says so, and inmemory and hierbatching still run, print and are saved."""
@@ -161,3 +172,16 @@ def test_mixing_reuses_a_finished_run_only_with_the_same_settings(tmp_path):
     _run(path, *args[:-2], "--lr", 0.02, "--data", tmp_path)
     assert all(p.stat().st_mtime_ns != t for p, t in before.items())
     assert "inmemory" in first
+
+
+def test_train_checks_executed_reads_against_the_simulation(tmp_path):
+    """--check-simulated: each run's reads equal its plan's simulation for the steps it ran ('='), mmap's
+    at most ('<=', or '=' when its page cache saved nothing)."""
+    path = next(p for p in BENCHMARKS if p.stem == "train")
+    out = _run(path, "--preset", "tiny", "--parts", 16, "--budget", "10MB", "--steps", 5, "--limit", "all",
+               "--policies", "mmap,hierbatching,ginex,outre", "--superbatch", 2, "--eval-nodes", 100,
+               "--check-simulated", "--data", tmp_path, "--csv", tmp_path / "train.csv")
+    rows = _rows(tmp_path / "train.csv")
+    assert [rows[p]["sim_exec"] for p in ("hierbatching", "ginex", "outre")] == ["="] * 3, out[-3000:]
+    assert rows["mmap"]["sim_exec"] in ("=", "<=")
+    assert "executed" not in out.split("sim: the run's reads")[1].split("\n\n")[0]    # no counter differs
