@@ -104,6 +104,16 @@ def worker(args):
            "epoch_steps": summary["epoch_steps"], "limit_steps": args.limit_steps,
            "setup_s": t_imports + summary["setup_s"], "peak_rss": summary["peak_rss"],
            "wall_s": time.perf_counter() - t_start}
+    if args.check_simulated:                      # the same plan simulated for the steps that ran
+        from oocgnn.policies import make_plan
+        from oocgnn.simulate import executed_vs_simulated, simulate
+        from oocgnn.store import open_store
+        t = time.perf_counter()
+        store = open_store(cfg.store, verify=False)
+        plan = make_plan(store, cfg)
+        df = simulate(store, plan, epochs=cfg.epochs, steps=summary["steps"], progress=False)
+        out["simulated"] = {"pairs": executed_vs_simulated(summary, df), "exact": plan.exact_io,
+                            "seconds": time.perf_counter() - t}
     print("RESULT " + json.dumps(out, default=float), flush=True)
 
 
@@ -220,11 +230,12 @@ def device_limits(path, reps=3, seq_mib=256, ios=32768, seed=0):
 
 
 # ---- the driver --------------------------------------------------------------------------------------
-def run_config(name, cfg, limit_steps, out_dir):
+def run_config(name, cfg, limit_steps, out_dir, check_simulated=False):
     from oocgnn.benchtable import check_process
     from oocgnn.io import drop_file_cache
     drop_file_cache(Path(cfg["store"]) / "features.bin")   # every run starts cold
-    cmd = [sys.executable, __file__, "--worker", "--config", json.dumps(cfg), "--limit-steps", str(limit_steps)]
+    cmd = [sys.executable, __file__, "--worker", "--config", json.dumps(cfg), "--limit-steps", str(limit_steps)] + \
+        (["--check-simulated"] if check_simulated else [])
     load = loadavg()
     what = f"first {limit_steps} steps" if limit_steps else "one epoch"
     print(f"  {name:<16} ({what}) started, load {load}", flush=True)
@@ -280,7 +291,7 @@ def derive(res, limits):
     sequential = VARIANTS[res["name"]][0] in ("hierbatching", "marius")
     vs_limit = (mbs_io / limits["seq_mib_s"] if sequential else iops_io / limits["rand_iops"]) if sio["bytes_read"] else None
     cap = s.get("memory_cap") or {}
-    return {
+    return {"sim_exec": sim_verdict(res.get("simulated")), "sim_pairs": (res.get("simulated") or {}).get("pairs"),
         "config": res["name"], "measured": measured, "steps": steps, "epoch_steps": epoch_steps,
         "truncated": truncated, "window": (window[0], window[-1]) if window else None,
         "epoch_s": epoch_s, "train_s": s["train_s"], "step_s": per_step, "step_s_all": per_step_all,
@@ -291,6 +302,21 @@ def derive(res, limits):
         "resident": s.get("resident_bytes"), "memory": s.get("memory"), "val": s.get("final_val_acc"),
         "topology": s.get("topology"), "topology_io": s.get("topology_io"),
     }
+
+
+def sim_verdict(simulated):
+    """'=' when every executed counter equals the simulated one; '<=' under mmap where only its feature reads
+    are fewer (the page cache); 'DIFF' otherwise; '-' when not checked."""
+    if not simulated:
+        return "-"
+    pairs = simulated["pairs"]
+    if all(e == s for e, s in pairs.values()):
+        return "="
+    inexact = ("feature pages", "feature requests")
+    if not simulated["exact"] and all(e == s for k, (e, s) in pairs.items() if k not in inexact) \
+            and all(e <= s for k, (e, s) in pairs.items() if k in inexact):
+        return "<="
+    return "DIFF"
 
 
 def main(argv=None):
@@ -339,6 +365,10 @@ def main(argv=None):
     ap.add_argument("--keep", action="store_true",
                     help="keep the run directories and logs in data/bench/train-runs/ (default: delete them, "
                          "unless a configuration failed)")
+    ap.add_argument("--check-simulated", action="store_true",
+                    help="after each run, simulate its plan for the steps it ran (not timed) and compare the pages "
+                         "and requests read (features, lists, setup) and the history hits: '=' when all agree "
+                         "(mmap: '<=', its page cache only saves feature reads) (default off)")
     add_csv_argument(ap, "bench/train.csv under --data")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--config", help=argparse.SUPPRESS)
@@ -410,7 +440,7 @@ def main(argv=None):
             def one():
                 if n_d is None and policy in ("hierbatching", "composed"):
                     raise no_megabatch
-                res = run_config(name, cfg, args.steps if name in limited else 0, out_dir)
+                res = run_config(name, cfg, args.steps if name in limited else 0, out_dir, args.check_simulated)
                 row = derive(res, limits)         # the CSV's row until the limits measured after the runs
                 results[name].append(res)
                 return {k: v for k, v in row.items() if k != "config"}
@@ -438,7 +468,7 @@ def main(argv=None):
           f"{limits2['rand_iops']:,.0f} IOPS; the best of each is the limit below")
     hdr = (f"{'config':<16}{'steps':>15}{'epoch s':>9}{'s/step':>8}{'setup s':>9}{'read/epoch':>12}"
            f"{'MiB/s io':>10}{'MiB/s trn':>10}{'IOPS io':>9}{'vs limit':>12}{'peak RSS':>10}{'cap':>5}"
-           f"{'val acc':>8}{'load':>6}")
+           f"{'val acc':>8}{'load':>6}" + (f"{'sim':>5}" if args.check_simulated else ""))
     print("\n" + hdr)
     for r in rows:
         cap = "yes" if r["cap"].get("enforced") else "no"
@@ -446,7 +476,7 @@ def main(argv=None):
         print(f"{r['config']:<16}{r['measured']:>15}{r['epoch_s']:>9.1f}{r['step_s']:>8.3f}"
               f"{r['setup_s']:>9.1f}{fmt_bytes(r['bytes_epoch']):>12}{r['mbs_io']:>10.0f}{r['mbs_train']:>10.0f}"
               f"{r['iops_io']:>9.0f}{lim:>12}{fmt_bytes(r['peak_rss']):>10}{cap:>5}{r['val']:>8.3f}"
-              f"{r['load'].split()[0]:>6}")
+              f"{r['load'].split()[0]:>6}" + (f"{r['sim_exec']:>5}" if args.check_simulated else ""))
     for r in table.failed():
         print(f"{r['config']:<16}{r['status']}")
     for r in rows:
@@ -461,6 +491,14 @@ def main(argv=None):
           "  bytes read / train seconds; vs limit = MiB/s io / the sequential limit (seq) or pages/s / the random\n"
           "  4 KiB limit (rnd); peak RSS = the process's VmHWM (the runtime, the working set and evaluation included);\n"
           f"  val acc on {args.eval_nodes} validation nodes after the measured steps")
+    if args.check_simulated:
+        print("  sim: the run's reads against the simulation of its plan for the steps it ran ('=': every page and "
+              "request\n  of features and lists, setup included, and the history hits agree; '<=': mmap's page "
+              "cache read less)")
+        for r in rows:
+            for k, (e, sim) in (r["sim_pairs"] or {}).items():
+                if e != sim:
+                    print(f"  {r['config']:<16} {k}: executed {e:,}, simulated {sim:,}")
 
     if args.reps > 1:
         print(f"  each row is the round with the median epoch time of {args.reps} (lower median for an even count); "

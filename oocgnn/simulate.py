@@ -329,6 +329,25 @@ def simulate(store, plan, fanouts=None, epochs=1, seed=0, feature_cache=None, ne
 _LEVELS = ("visible_nodes", "resident_feature_rows", "resident_adjacency_nodes")
 
 
+def executed_vs_simulated(run: dict, df: pd.DataFrame) -> dict:
+    """Counter -> (executed, simulated): a run's summary (`train`) against the simulation of its plan for the
+    same steps (`simulate(store, plan, epochs, steps=run["steps"])`): the pages and requests of training and
+    setup reads, of features and of neighbour lists, and the history hits. Every pair is equal for a plan
+    with `exact_io` (tests/test_executor.py); under mmap the page cache only saves feature reads."""
+    sim, setup = summarize(df).sum(), df.attrs["setup"]
+    return {
+        "feature pages": (run["io"]["pages"], int(sim["feature_pages_read"] + sim["load_feature_pages"])),
+        "feature requests": (run["io"]["requests"], int(sim["feature_requests"] + sim["load_feature_requests"])),
+        "setup feature pages": (run["io_setup"]["pages"], int(setup["load_feature_pages"])),
+        "setup feature requests": (run["io_setup"]["requests"], int(setup["load_feature_requests"])),
+        "topology pages": (run["topology_io"]["pages"], int(sim["neighbour_pages_read"] + sim["load_adjacency_pages"])),
+        "topology requests": (run["topology_io"]["requests"],
+                              int(sim["neighbour_requests"] + sim["load_adjacency_requests"])),
+        "setup topology pages": (run["topology_io_setup"]["pages"], int(setup["load_adjacency_pages"])),
+        "history hits": (run["history_hits"], int(sim.get("history_hits", 0))),
+    }
+
+
 def summarize(df: pd.DataFrame) -> pd.DataFrame:
     """Per-epoch totals of a `simulate` frame, plus RR (OUTRE Eq. 2) and disk bytes."""
     skip = {"epoch", "batch", "group", *_LEVELS}
