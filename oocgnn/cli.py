@@ -344,7 +344,8 @@ def build_parser() -> argparse.ArgumentParser:
                         description="Write an on-disk store from the synthetic generator, a .npz "
                                     "file (../shared/datasets format) or an OGB raw directory.")
     pr.add_argument("source", help="'synthetic', a .npz file, or an OGB node-property raw directory")
-    pr.add_argument("--preset", default="small", help="synthetic preset: tiny|small|medium|large")
+    pr.add_argument("--preset", default="small", help="synthetic preset: tiny|small|medium|large|xlarge (default small; "
+                                                       "xlarge's 28.7 GB of features exceed 24 GB of RAM)")
     pr.add_argument("--out", required=True, help="store directory to create")
     pr.add_argument("--seed", type=int, default=0, help="generator seed (synthetic) and --split random's seed (default 0)")
     pr.add_argument("--split", default="given",

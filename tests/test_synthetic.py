@@ -102,3 +102,10 @@ def test_xlarge_features_exceed_this_machines_memory():
     """The xlarge preset's reason to exist: its feature matrix is larger than 24 GB of RAM."""
     cfg = preset("xlarge")
     assert cfg.num_nodes * cfg.feat_dim * 4 > 26e9
+
+
+def test_prepare_help_names_every_preset():
+    from oocgnn.cli import build_parser
+    sub = next(a for a in build_parser()._actions if a.dest == "command").choices["prepare"]
+    text = next(a for a in sub._actions if a.dest == "preset").help
+    assert text.startswith("synthetic preset: " + "|".join(PRESETS) + " ")
