@@ -67,3 +67,29 @@ def test_cached_reader_is_a_reader():
     cached.drop([3])
     np.testing.assert_array_equal(cached.read_rows([3]), source[[3]])
     assert cached.nbytes == 5 * D * 4 + N * 4
+
+
+@pytest.mark.parametrize("dim", [3, 256, 1500])          # rows of 16 B, 1 KiB, and over a page
+def test_make_reads_in_pieces_the_pages_and_requests_of_one_read(tmp_path, dim):
+    """A cache made in pieces of a few rows (cut where a request starts) reads the same pages and requests
+    as in one coalesced read, and holds the same rows."""
+    from oocgnn.direct import DirectReader
+    from oocgnn.io import feature_row_stride
+    n = 3000
+    data = np.random.default_rng(0).standard_normal((n, dim)).astype(np.float32)
+    stride = feature_row_stride(dim * 4)
+    padded = np.zeros((n, stride // 4), np.float32)
+    padded[:, :dim] = data
+    padded.tofile(tmp_path / "f.bin")
+    ids = np.unique(np.random.default_rng(1).choice(n, 1200))
+    ids = np.concatenate([ids, np.arange(100, 180)]) if dim == 3 else ids   # a long adjacent run too
+    ids = np.unique(ids)
+    stats = []
+    for chunk in (1 << 40, 5 * stride):
+        with DirectReader(tmp_path / "f.bin", n, dim, row_stride=stride, max_request=16 << 10) as reader:
+            cached = CachedReader(reader, n, len(ids))
+            assert cached.make(ids, chunk_bytes=chunk) == len(ids)
+            assert np.array_equal(cached.gather(ids).numpy(), data[ids])
+            stats.append((reader.stats.pages, reader.stats.requests, reader.stats.calls))
+    (pages, requests, calls), (pages2, requests2, calls2) = stats
+    assert (pages, requests) == (pages2, requests2) and calls == 1 < calls2
