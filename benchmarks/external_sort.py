@@ -5,7 +5,7 @@ Both turn the same raw undirected edge list (the synthetic preset's draws, writt
 <data>/bench/edges-<preset>.npy as [2, M] int64 and read in 8M-edge chunks) into the canonical CSR:
 symmetrised, self-loops dropped, sorted and deduplicated, the neighbour ids written to a file and the
 row pointers counted. Each method runs in a fresh process, which reports its wall seconds and peak RSS
-(getrusage); the outputs must be identical (SHA-256 of indptr and of the neighbour file).
+(VmHWM); the outputs must be identical (SHA-256 of indptr and of the neighbour file).
 
   numpy   CSRBuilder: sorted runs of memory/36 keys (src*N + dst) on disk, merged by source-id range
   duckdb  the keys (computed by DuckDB from the chunks, both directions) inserted into a table, then
@@ -19,7 +19,6 @@ import argparse
 import hashlib
 import json
 import os
-import resource
 import shutil
 import subprocess
 import sys
@@ -42,21 +41,21 @@ def loadavg():
 def edge_file(preset, data_dir: Path) -> Path:
     """<data>/bench/edges-<preset>.npy: the preset's raw undirected edges, [2, M] int64 (made once)."""
     import numpy as np
-    from oocgnn.synthetic import edge_stream, preset as get_preset
+    from oocgnn.synthetic import edge_draws, edge_stream, preset as get_preset
     path = data_dir / "bench" / f"edges-{preset}.npy"
     if path.is_file():
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
-    chunks = list(edge_stream(preset))
-    m = sum(len(s) for s, _ in chunks)
+    m = edge_draws(get_preset(preset))
     tmp = path.with_suffix(".partial.npy")
     out = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.int64, shape=(2, m))
     at = 0
-    for src, dst in chunks:
+    for src, dst in edge_stream(preset):
         out[0, at:at + len(src)], out[1, at:at + len(src)] = src, dst
         at += len(src)
+    assert at == m, (at, m)
     out.flush()
-    del out, chunks
+    del out
     os.replace(tmp, path)
     print(f"wrote {path}: {m:,} undirected edges of {get_preset(preset).num_nodes:,} nodes", flush=True)
     return path
@@ -123,7 +122,8 @@ def worker(args):
         with open(path, "rb") as fh:
             digest = hashlib.file_digest(fh, "sha256").hexdigest()
         digest = hashlib.sha256(indptr.tobytes() + digest.encode()).hexdigest()
-        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        rss = int(open("/proc/self/status").read().split("VmHWM:")[1].split()[0]) * 1024   # not ru_maxrss:
+        # after exec it can be the parent's RSS at fork
         print("RESULT " + json.dumps({"seconds": wall, "peak_rss": rss, "entries": int(indptr[-1]),
                                       "digest": digest}), flush=True)
     finally:

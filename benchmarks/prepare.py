@@ -236,11 +236,13 @@ def main(argv=None):
 
 
 def base_rss() -> int:
-    """Peak RSS of a process that imports what prepare imports and does nothing: the part that does not scale."""
-    r = subprocess.run([sys.executable, "-c", "import resource, oocgnn.cli, oocgnn.partition, oocgnn.store, "
-                        "oocgnn.csrbuild; print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)"],
-                       capture_output=True, text=True, cwd=REPO, check=True)
-    return int(r.stdout.split()[-1]) * 1024
+    """Peak RSS of a process that imports what prepare imports and does nothing: the part that does not scale
+    (the second of two, so that numba's cache is written and not compiled again)."""
+    for _ in range(2):
+        r = subprocess.run([sys.executable, "-c", "import oocgnn.cli, oocgnn.partition, oocgnn.store, oocgnn.csrbuild; "
+                            "print(open('/proc/self/status').read().split('VmHWM:')[1].split()[0])"],
+                           capture_output=True, text=True, cwd=REPO, check=True)
+    return int(r.stdout.split()[-1]) * 1024      # VmHWM: getrusage's maxrss after exec can be the parent's
 
 
 def extrapolate(table, memories, scale):
