@@ -116,10 +116,12 @@ class BenchTable:
         return [r for r in self._rows.values() if r["status"] != OK]
 
     def na(self, *names: str) -> str:
-        """'n/a (NAME: why)' for the first of `names` without an ok row; '' when all ran."""
+        """'n/a (NAME: why)' for the first of `names` without an ok row ('why' cut to 80 characters: the table's
+        row says it whole); '' when all ran."""
         for name in names:
             if not self.ok(name):
-                return f"n/a ({name}: {self.status(name) or 'not run'})"
+                why = self.status(name) or "not run"
+                return f"n/a ({name}: {why if len(why) <= 80 else why[:79] + '…'})"
         return ""
 
     def ratio(self, a: str, b: str, key: str, fmt: str = "{:.2f}x") -> tuple[float | None, str]:

@@ -123,3 +123,14 @@ def test_a_csv_path_that_cannot_be_written_fails_before_any_configuration_runs(t
     assert not ran
     BenchTable(tmp_path / "t.csv")
     assert (tmp_path / "t.csv").read_text().splitlines() == ["config,status"]     # the header from the start
+
+
+def test_a_long_reason_is_cut_in_ratios_but_kept_in_its_row(tmp_path):
+    from oocgnn.benchtable import BenchTable
+    table = BenchTable(tmp_path / "t.csv")
+    why = "refused: policy inmemory needs 28.7 GiB resident " + "x" * 200
+    table.run("inmemory", lambda: (_ for _ in ()).throw(RuntimeError(why)))
+    table.add("mmap", epoch_s=1.0)
+    text = table.ratio("mmap", "inmemory", "epoch_s")[1]
+    assert text.startswith("n/a (inmemory: ") and text.endswith("…)") and len(text) < 100
+    assert why in table.status("inmemory")
