@@ -209,8 +209,8 @@ class Plan:
         in use, reclaimable page cache included): `inmemory` on a graph larger than RAM, or a budget larger
         than the machine. Simulating such a plan needs no memory and is not refused."""
         if available is None:
-            import psutil
-            available = psutil.virtual_memory().available
+            from .memcap import available_memory
+            available = available_memory()
         need = self.resident_bytes()
         if need > available:
             parts = ", ".join(f"{k} {format_size(v)}" for k, v in self.memory().items())
