@@ -1,6 +1,6 @@
-"""nbval glue: stored outputs are the reference even in clean notebooks, a notebook's cells share one
-pytest-xdist worker, and a report `make run` executed on this very code is checked without running the
-notebook again (`oocgnn.reports.prepare_nbval_items`)."""
+"""nbval glue (`make test` runs the notebooks after the tests, in one process): stored outputs are the
+reference even in clean notebooks, and a report `make run` executed on this very code is checked without
+running the notebook again (`oocgnn.reports.prepare_nbval_items`)."""
 import os
 import tempfile
 
@@ -10,7 +10,7 @@ import pytest
 os.environ.setdefault("OOCGNN_FIGURES", tempfile.mkdtemp(prefix="oocgnn-figures-"))
 
 
-@pytest.hookimpl(tryfirst=True)        # before xdist's loadgroup reads the groups
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items):
     from oocgnn.reports import prepare_nbval_items
     prepare_nbval_items(items)

@@ -136,18 +136,15 @@ def prepare_nbval_items(items, executed_dir=None):
     """What `notebooks/conftest.py` does to nbval's cells before they run:
     - a clean committed notebook has no execution counts, yet its stored outputs are the reference:
       mark every code cell with outputs as run;
-    - keep a notebook's cells on one pytest-xdist worker (`--dist loadgroup`): they share a kernel;
     - printed floats are compared within another CPU's rounding (`close`), the rest exactly;
     - a notebook with a current report (`current_report`) is checked from it: each cell's outputs
       compared by nbval's own rules, no kernel started, nothing executed a second time."""
-    import pytest
     reports = {}
     for item in items:
         cell = getattr(item, "cell", None)
         if cell is None:
             continue
         path = str(item.parent.path)
-        item.add_marker(pytest.mark.xdist_group(name=f"notebook-{item.parent.path.name}"))
         tolerate_float_rounding(item)
         if cell.get("outputs") and cell.get("execution_count") is None:
             cell["execution_count"] = 0
