@@ -85,7 +85,7 @@ def group_stats(plan_or_schedule, epochs=1):
     import pandas as pd
     schedule = getattr(plan_or_schedule, "schedule", plan_or_schedule)
     store = schedule.store
-    labels = np.asarray(store.labels, dtype=np.int64)
+    labels = store.compact_labels()       # not store.labels: that int64 copy would stay cached for the run
     c = int(store.num_classes)
     whole = np.bincount(labels[np.asarray(store.train_idx, dtype=np.int64)], minlength=c)
     rows = []

@@ -182,3 +182,11 @@ def test_the_default_static_ratio_is_five_percent_capped_at_a_share_of_the_budge
     assert given.static_ratio == 0.02 and given.setup_rows() == int(0.02 * fennel16.num_nodes)
     with pytest.raises(UserError, match="static_ratio is a fraction"):
         _cfg(fennel16, tmp_path, policy="hierbatching", static_ratio="many")
+
+
+def test_the_mixing_check_leaves_no_int64_label_copy_resident(by_label, tmp_path):
+    """A run's mixing check reads the labels without caching the store's int64 copy (224 MB on xlarge)."""
+    from oocgnn.store import open_store
+    store = open_store(by_label.path)
+    mixing(make_plan(store, _cfg(store, tmp_path, policy="hierbatching", parts_per_megabatch=4)))
+    assert "labels" not in store.__dict__
