@@ -110,7 +110,7 @@ def sort_duckdb(edges, n, memory, workdir: Path):
 def worker(args):
     """One method in this fresh process; prints `RESULT <json>`."""
     import numpy as np
-    from oocgnn.units import parse_size
+    from oocgnn.units import parse_size, peak_rss
     edges = np.load(args.edges, mmap_mode="r")
     n = args.nodes
     memory = parse_size(args.memory)
@@ -122,8 +122,7 @@ def worker(args):
         with open(path, "rb") as fh:
             digest = hashlib.file_digest(fh, "sha256").hexdigest()
         digest = hashlib.sha256(indptr.tobytes() + digest.encode()).hexdigest()
-        rss = int(open("/proc/self/status").read().split("VmHWM:")[1].split()[0]) * 1024   # not ru_maxrss:
-        # after exec it can be the parent's RSS at fork
+        rss = peak_rss()                          # VmHWM: ru_maxrss after exec can be the parent's RSS at fork
         print("RESULT " + json.dumps({"seconds": wall, "peak_rss": rss, "entries": int(indptr[-1]),
                                       "digest": digest}), flush=True)
     finally:

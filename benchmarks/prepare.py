@@ -240,9 +240,9 @@ def base_rss() -> int:
     (the second of two, so that numba's cache is written and not compiled again)."""
     for _ in range(2):
         r = subprocess.run([sys.executable, "-c", "import oocgnn.cli, oocgnn.partition, oocgnn.store, oocgnn.csrbuild; "
-                            "print(open('/proc/self/status').read().split('VmHWM:')[1].split()[0])"],
+                            "from oocgnn.units import peak_rss; print(peak_rss())"],
                            capture_output=True, text=True, cwd=REPO, check=True)
-    return int(r.stdout.split()[-1]) * 1024      # VmHWM: getrusage's maxrss after exec can be the parent's
+    return int(r.stdout.split()[-1])
 
 
 def extrapolate(table, memories, scale):

@@ -469,7 +469,7 @@ def load_ogb_raw(root, name=None, split="auto", feature_dir=None, chunk_rows=1_0
     def edges():
         nonlocal seen
         chunks = member("data.npz", "edge_index").pairs(chunk_rows) if binary else \
-            (c for c in _csv_chunks(edge_file, chunk_rows, np.int64))
+            _csv_chunks(edge_file, chunk_rows, np.int64)
         for c in chunks:
             if not binary:
                 if c.shape[1] != 2:

@@ -30,19 +30,6 @@ _counter = itertools.count()
 _active = []          # caps this process created and is still inside (for atexit)
 
 
-def available_memory() -> int:
-    """Bytes of memory available to a new allocation: /proc/meminfo's MemAvailable (free RAM plus what the
-    kernel can reclaim, the page cache included), else the free pages."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-
-
 def _read(path):
     return Path(path).read_text()
 

@@ -209,7 +209,7 @@ class Plan:
         in use, reclaimable page cache included): `inmemory` on a graph larger than RAM, or a budget larger
         than the machine. Simulating such a plan needs no memory and is not refused."""
         if available is None:
-            from .memcap import available_memory
+            from .units import available_memory
             available = available_memory()
         need = self.resident_bytes()
         if need > available:

@@ -126,7 +126,6 @@ class CachedReader:
         return len(new)
 
 
-
 def request_chunks(reader, ids, chunk_bytes=READ_CHUNK):
     """(lo, hi) pieces of the sorted, distinct `ids`, about `chunk_bytes` of rows each, cut only where `reader`
     starts a new request: reading them one by one gives the pages and requests of reading them at once."""

@@ -174,14 +174,10 @@ def _row_gather(features, identity):
         return
     from .direct import DirectReader
     row_bytes = mm.shape[1] * 4
-    if mm.offset % 4:                     # an array inside a zip (.npz) starts anywhere: read its rows as bytes
-        with DirectReader(mm.filename, mm.shape[0], row_bytes, dtype=np.uint8, offset=mm.offset,
-                          buffer_bytes=64 << 20) as reader:
-            yield lambda ids: reader.read_rows(ids).view(np.float32)
-        return
-    with DirectReader(mm.filename, mm.shape[0], mm.shape[1], row_stride=row_bytes, offset=mm.offset,
-                      buffer_bytes=64 << 20) as reader:
-        yield reader.read_rows
+    as_bytes = mm.offset % 4 != 0         # an array inside a zip (.npz) starts anywhere: read its rows as bytes
+    with DirectReader(mm.filename, mm.shape[0], row_bytes if as_bytes else mm.shape[1], row_stride=row_bytes,
+                      dtype=np.uint8 if as_bytes else np.float32, offset=mm.offset, buffer_bytes=64 << 20) as reader:
+        yield lambda ids: reader.read_rows(ids).view(np.float32)
 
 
 def _write(data, tmp, name, order, new_of_old, identity, part_offsets, partitioner, progress):

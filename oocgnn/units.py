@@ -1,4 +1,5 @@
-"""Byte sizes: parse `256MB`, `1.5GiB`, `4096` and format them back; the process's peak RSS."""
+"""Byte sizes: parse `256MB`, `1.5GiB`, `4096` and format them back; the process's peak RSS and the memory available."""
+import os
 import re
 import resource
 
@@ -31,20 +32,33 @@ def format_size(n: float) -> str:
         n /= 1024
 
 
+def _proc_kib(path, key):
+    """The `key:` field of a /proc file (in kB) as bytes, or None where there is none."""
+    try:
+        with open(path) as f:
+            for line in f:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
 def peak_rss() -> int:
     """Peak resident set size of this process in bytes: VmHWM, else ru_maxrss.
 
     VmHWM belongs to this process's address space; ru_maxrss of a child also carries its
     parent's RSS at fork time (Linux keeps the larger across fork + exec).
     """
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    hwm = _proc_kib("/proc/self/status", "VmHWM")
+    return hwm if hwm is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def available_memory() -> int:
+    """Bytes of memory available to a new allocation: /proc/meminfo's MemAvailable (free RAM plus what the
+    kernel can reclaim, the page cache included), else the free pages."""
+    avail = _proc_kib("/proc/meminfo", "MemAvailable")
+    return avail if avail is not None else os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
 def reset_peak_rss() -> bool:

@@ -159,13 +159,13 @@ def test_train_fresh_runs_in_a_new_process_and_trains_the_same(tiny_store, tmp_p
 def test_a_plan_larger_than_the_machine_is_refused_before_any_read(tiny_store, tmp_path, monkeypatch):
     """inmemory on a graph larger than the available memory (xlarge here: 28.7 GB of features on 24 GB) is
     refused with the reason; simulating it is not; mmap, whose resident arrays fit, still runs."""
-    from oocgnn import memcap
+    from oocgnn import units
     from oocgnn.errors import UserError
     from oocgnn.simulate import simulate
     from oocgnn.policies import make_plan
     feature_bytes = tiny_store.num_nodes * tiny_store.row_stride
-    assert 0 < memcap.available_memory() < os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    monkeypatch.setattr(memcap, "available_memory", lambda: feature_bytes // 2)
+    assert 0 < units.available_memory() < os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    monkeypatch.setattr(units, "available_memory", lambda: feature_bytes // 2)
     with pytest.raises(UserError, match=r"policy inmemory needs .* resident \(feature_rows .*this machine has .* "
                                         r"available: choose an out-of-core policy"):
         _run(tiny_store, tmp_path, policy="inmemory", epochs=1)
