@@ -19,6 +19,7 @@ temporary file (in $TMPDIR; gone with the process, even a killed one).
 """
 from __future__ import annotations
 
+import os
 import tempfile
 
 import numpy as np
@@ -32,7 +33,10 @@ DST_CHUNK = 8192             # destination nodes per layer call
 
 
 class _Table:
-    """Rows of sorted ids `ids` ([len(ids), dim] float32): in RAM, or in a temporary file (spilled)."""
+    """Rows of sorted ids `ids` ([len(ids), dim] float32): in RAM, or in a temporary file (spilled).
+
+    A spilled table is written and read with pwrite/pread, never memory-mapped: a mapped file's touched
+    pages count in the process's RSS, which a spill is there to bound (the page cache holds them instead)."""
 
     def __init__(self, ids, dim, in_ram: bool):
         self.ids, self.dim, self.in_ram = ids, int(dim), in_ram
@@ -42,7 +46,7 @@ class _Table:
         else:
             # unnamed (O_TMPFILE where the OS has it): no file outlives a killed process
             self._file = tempfile.TemporaryFile(prefix="oocgnn-eval-", suffix=".bin")
-            self.rows = np.memmap(self._file, np.float32, "w+", shape=(max(1, len(ids)), self.dim))
+            self.rows = None
 
     @property
     def nbytes(self) -> int:
@@ -52,16 +56,33 @@ class _Table:
         if self.in_ram:
             self.rows[lo:lo + len(values)] = values
         else:
-            self.rows[lo:lo + len(values)] = values.numpy()
+            buf = np.ascontiguousarray(values.numpy(), dtype=np.float32)
+            os.pwritev(self._file.fileno(), [memoryview(buf).cast("B")], lo * self.dim * 4)
 
     def take(self, pos: np.ndarray) -> torch.Tensor:
         if self.in_ram:
             return self.rows[torch.from_numpy(pos)]
-        return torch.from_numpy(np.asarray(self.rows[pos]))
+        return torch.from_numpy(self._read(np.asarray(pos, dtype=np.int64)))
+
+    def _read(self, pos) -> np.ndarray:
+        """Rows at `pos` from the file: one pread per run of consecutive positions, in file order."""
+        uniq, inverse = np.unique(pos, return_inverse=True)
+        out = np.empty((len(uniq), self.dim), dtype=np.float32)
+        breaks = np.flatnonzero(np.diff(uniq) != 1) + 1
+        starts, ends = np.r_[0, breaks], np.r_[breaks, len(uniq)]
+        fd, row = self._file.fileno(), self.dim * 4
+        flat = memoryview(out).cast("B")
+        for a, b in zip(starts.tolist(), ends.tolist()):
+            got = os.preadv(fd, [flat[a * row:b * row]], int(uniq[a]) * row)
+            if got != (b - a) * row:
+                raise OSError(f"short read of a spilled evaluation table: {got} of {(b - a) * row} bytes")
+        return out[inverse.reshape(-1)]
+
+    def all_rows(self) -> torch.Tensor:
+        return self.rows if self.in_ram else torch.from_numpy(self._read(np.arange(len(self.ids))))
 
     def close(self):
         if self._file is not None:
-            del self.rows
             self._file.close()
             self._file = None
 
@@ -145,7 +166,7 @@ class LayerwiseEval:
                     left -= table.nbytes if table.in_ram else 0
         finally:
             model.train(was)
-        result = table.rows if table.in_ram else torch.from_numpy(np.array(table.rows[:len(dst)]))
+        result = table.all_rows()
         table.close()
         return result
 

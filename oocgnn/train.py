@@ -92,6 +92,15 @@ def evaluate(model, sampler, gather, labels, nodes, batch_size, device="cpu", pr
     return correct / max(1, len(nodes))
 
 
+def eval_budget(plan) -> int:
+    """Bytes layer-wise evaluation may hold in RAM (the rest spills to a temporary file): what the plan
+    leaves of the budget, since evaluation runs while the plan's residents are held; a baseline the
+    budget does not bound (inmemory, mmap) evaluates within the budget itself."""
+    if not plan.budgeted:
+        return plan.budget
+    return max(0, plan.budget - plan.resident_bytes())
+
+
 def _next_loads(steps) -> list:
     """For each step index, the next later step that loads ranges (what a prefetcher loads)."""
     out, nxt = [None] * len(steps), None
@@ -255,7 +264,7 @@ def _train(cfg, run, store, plan, runtime, t_enter, device, mix) -> dict:
         eval_sampler = Sampler(runtime.eval_topology, eval_fanouts, cfg.seed + 7)
         layerwise = None if cfg.eval_mode == "batch" or cfg.model == "mlp" else LayerwiseEval(
             eval_sampler, eval_fanouts, np.concatenate(list(eval_sets.values())), store.feat_dim,
-            runtime.stream_rows, cfg.memory_budget_bytes)
+            runtime.stream_rows, eval_budget(plan))
         if cfg.resume:
             state = run.load_checkpoint()
             start = state["step"]
@@ -353,6 +362,7 @@ def _train(cfg, run, store, plan, runtime, t_enter, device, mix) -> dict:
         "history_hits": runtime.history_hits, "mixing": mix,
         "eval_mode": "layerwise" if layerwise is not None else "batch",
         "eval_memory": layerwise.memory() if layerwise is not None else None,
+        "eval_budget": layerwise.budget if layerwise is not None else None,
         "eval_spilled": layerwise.spilled if layerwise is not None else None,
         "device": str(device), "precision": cfg.precision,
         "h2d": {"bytes": runtime.h2d.bytes, "pinned_bytes": runtime.h2d.pinned_bytes},

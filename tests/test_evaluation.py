@@ -99,5 +99,29 @@ def test_a_spilled_table_leaves_no_file_behind(tmp_path, monkeypatch):
     values = torch.arange(400, dtype=torch.float32).reshape(50, 8)
     table.write(0, values)
     assert list(tmp_path.iterdir()) == []
-    torch.testing.assert_close(table.take(np.array([3, 49, 0])), values[[3, 49, 0]])
+    pos = np.array([3, 49, 0, 4, 5, 3, 48])          # runs, repeats, any order
+    torch.testing.assert_close(table.take(pos), values[pos])
+    torch.testing.assert_close(table.all_rows(), values)
+    table.close()
+
+
+def _rss_file() -> int:
+    for line in open("/proc/self/status"):
+        if line.startswith("RssFile:"):
+            return int(line.split()[1]) << 10
+    pytest.skip("no RssFile in /proc/self/status")
+
+
+def test_a_spilled_table_is_not_mapped_into_the_process():
+    """A spill bounds the process's RSS: written and read with pwrite/pread, its pages stay in the page
+    cache, never in RssFile (a memory-mapped table's touched pages counted there: +64 MiB here)."""
+    from oocgnn.evaluation import _Table
+    n, dim = 1 << 16, 256                           # 64 MiB
+    table = _Table(np.arange(n), dim, in_ram=False)
+    before = _rss_file()
+    for lo in range(0, n, 4096):
+        table.write(lo, torch.full((4096, dim), float(lo)))
+    got = table.take(np.arange(0, n, 7))
+    assert _rss_file() - before < 8 << 20
+    assert torch.equal(got[:, 0], torch.from_numpy((np.arange(0, n, 7) // 4096 * 4096).astype(np.float32)))
     table.close()

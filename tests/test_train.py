@@ -145,6 +145,11 @@ def test_layerwise_evaluation_equals_one_batch_evaluation_in_a_run(fennel16, tmp
         assert list(a["log"][col]) == list(b["log"][col]), col
     np.testing.assert_allclose(a["log"]["train_loss"], b["log"]["train_loss"], rtol=1e-6)
     assert a["eval_memory"]["input_rows"] > 0
+    # evaluation holds what a budgeted plan leaves of the budget (a baseline's: the budget); the rest spills
+    left = a["memory_budget"] - a["resident_bytes"] if policy != "mmap" else a["memory_budget"]
+    assert a["eval_budget"] == max(0, left)
+    if policy == "hierbatching":
+        assert a["eval_budget"] < a["eval_memory"]["input_rows"] and "input_rows" in a["eval_spilled"]
 
 
 def test_train_fresh_runs_in_a_new_process_and_trains_the_same(tiny_store, tmp_path):
