@@ -27,6 +27,7 @@ import pandas as pd
 from .belady import BeladyReplay
 from .errors import UserError
 from .io import PAGE, page_span
+from .ranking import top_ids
 from .trace import Trace, count_pages, new_pages
 
 
@@ -391,7 +392,7 @@ class StaticCache(CachePolicy):
         self.fill = fill or self.fill
         if self.fill not in ("prefetch", "lazy"):
             raise UserError(f"fill must be 'prefetch' or 'lazy', got {self.fill!r}")
-        self.static_ids = np.sort(np.argsort(-np.asarray(score, np.float64), kind="stable")[:self.capacity])
+        self.static_ids = top_ids(score, self.capacity)
 
     def reset(self):
         self.member, self.inc = np.zeros(self.num_nodes, np.uint8), np.zeros(self.num_nodes, np.uint8)

@@ -509,8 +509,9 @@ class OutrePlan(Plan):
         from .redundancy import importance
         prof = importance(self.store, self.fanouts, schedule=self.schedule, seed=self.seed + 1,
                           topology=self._profiling_lists())
-        return prof.assign(history_score=self.store.degrees() if self.options.history_by == "degree"
-                           else prof["saved_gather"])
+        prof["history_score"] = self.store.degrees() if self.options.history_by == "degree" \
+            else prof["saved_gather"]               # a column added in place: no copy of the frame
+        return prof
 
     @cached_property
     def held_out(self):
@@ -536,7 +537,8 @@ class OutrePlan(Plan):
 
     def _history_nodes(self):
         """Importance is profiled on an epoch of this schedule with another sampling seed."""
-        from .redundancy import history_nodes, top_ids
+        from .ranking import top_ids
+        from .redundancy import history_nodes
         o = self.options
         if o.history_ratio == "auto":
             return top_ids(self.profile["history_score"].to_numpy(), self.history.count)

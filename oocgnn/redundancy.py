@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 
 from .errors import UserError
+from .ranking import top_ids
 from .sampler import Sampler, sampled_steps
 from .schedules import make_schedule
 from .simulate import simulate, summarize
@@ -114,8 +115,8 @@ def importance(store, fanouts, schedule="random", epochs=1, seed=0, progress=Fal
         raise UserError("importance needs at least 2 layers (history caches h^(L-1))")
     schedule = make_schedule(schedule, store, **({"seed": seed} | schedule_params)) \
         if isinstance(schedule, str) else schedule
-    gather = np.zeros(store.num_nodes, dtype=np.float64)
-    sample = np.zeros(store.num_nodes, dtype=np.float64)
+    gather = np.zeros(store.num_nodes, dtype=np.int64)     # counts: summed exactly, never copied to
+    sample = np.zeros(store.num_nodes, dtype=np.int64)     # another dtype (N-long arrays, setup memory)
     accesses = np.zeros(store.num_nodes, dtype=np.int64)
     met = {k: [] for k in ("node", "batch", "seed", "saved", "pair_meeting", "pair_row")}
     m0 = b = 0                                          # meetings so far, batches so far
@@ -133,8 +134,8 @@ def importance(store, fanouts, schedule="random", epochs=1, seed=0, progress=Fal
             t = 1.0 + np.bincount(dst, weights=t[src], minlength=nd)
         hop1 = blocks[-1].src_nodes
         k = blocks[-1].num_dst                          # seeds first: never skipped
-        gather[hop1[k:]] += c[k:] - 1
-        sample[hop1[k:]] += t[k:] - 1
+        gather[hop1[k:]] += (c[k:] - 1).astype(np.int64)   # hop1 is unique: += is exact
+        sample[hop1[k:]] += (t[k:] - 1).astype(np.int64)
         if meetings:                                    # each row's owner (a local hop-1 id; -1: none)
             owner = _owners(blocks, k) if rank is None else _last_reacher(blocks, k, rank)
             keep = owner >= 0
@@ -145,8 +146,8 @@ def importance(store, fanouts, schedule="random", epochs=1, seed=0, progress=Fal
                 met[key].append(np.asarray(v))
             m0 += len(hop1)
         b += 1
-    df = pd.DataFrame({"degree": store.degrees(), "saved_gather": gather.astype(np.int64),
-                       "saved_sample": sample.astype(np.int64), "accesses": accesses})
+    df = pd.DataFrame({"degree": store.degrees(), "saved_gather": gather, "saved_sample": sample,
+                       "accesses": accesses}, copy=False)
     if not meetings:
         return df
     kind = {k: bool if k == "seed" else np.int64 for k in met}
@@ -241,9 +242,6 @@ def history_nodes(store, fraction, by="degree", fanouts=(10, 10), beta=0.0, prof
     return top_ids(score, int(fraction * store.num_nodes))
 
 
-def top_ids(score, k) -> np.ndarray:
-    """Sorted ids of the k highest scores, ties broken by smaller id (the static caches' order)."""
-    return np.sort(np.argsort(-np.asarray(score, np.float64), kind="stable")[:int(k)]).astype(np.int64)
 
 
 def choose_history_split(saved_feat, saved_hist, budget, d_feat, d_embed, table_feat=0, table_hist=0,

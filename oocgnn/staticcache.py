@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from .partition import CSRSource, megabatch_of_part
+from .ranking import top_ordered
 
 BUCKETS = (0, 5, 10, 20, 50)     # Fig. 2 groups by in-mega-batch degree: [0,5) [5,10) [10,20) [20,50) [50,∞)
 BUCKET_LABELS = ("0-5", "5-10", "10-20", "20-50", ">50")
@@ -22,7 +23,7 @@ BUCKET_LABELS = ("0-5", "5-10", "10-20", "20-50", ">50")
 
 def _top_k(score, k) -> np.ndarray:
     """Ids of the k highest scores; ties go to the smaller id."""
-    return np.argsort(-np.asarray(score, dtype=np.int64), kind="stable")[:k]
+    return top_ordered(np.asarray(score, dtype=np.int64), k)
 
 
 def static_cache_candidates(degrees, r_s) -> np.ndarray:
