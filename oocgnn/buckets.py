@@ -206,36 +206,42 @@ class EdgeBuckets:
 
 
 @numba.njit(nogil=True, cache=True)
-def _csc(src_local, dst_local, n, indptr, indices):
-    for e in range(len(src_local)):
-        indptr[src_local[e] + 1] += 1
-    for v in range(n):
-        indptr[v + 1] += indptr[v]
-    cursor = indptr[:-1].copy()
-    for e in range(len(src_local)):              # stable: a node's entries keep the buckets' order
-        indices[cursor[src_local[e]]] = dst_local[e]
-        cursor[src_local[e]] += 1
+def _count(pairs, shift, counts):
+    for e in range(len(pairs)):
+        counts[pairs[e, 0] - shift + 1] += 1
+
+
+@numba.njit(nogil=True, cache=True)
+def _fill(pairs, src_shift, dst_shift, cursor, indices):
+    for e in range(len(pairs)):                  # stable: a node's entries keep the buckets' order
+        v = pairs[e, 0] - src_shift
+        indices[cursor[v]] = pairs[e, 1] - dst_shift
+        cursor[v] += 1
 
 
 def buffer_csc(buckets: EdgeBuckets, state, held: dict) -> tuple:
     """(visible, (indptr int64, indices int32)): the sorted ids of the partitions `state` and the
-    subgraph they induce in local ids, from the buckets `held` ({(i, j): pairs}) among them, concatenated
-    in (i, j) order: each node's list filtered to the buffer, in its order (`sampler.induced_csc`'s)."""
+    subgraph they induce in local ids, from the buckets `held` ({(i, j): pairs}) among them, taken
+    in (i, j) order: each node's list filtered to the buffer, in its order (`sampler.induced_csc`'s).
+    Bucket by bucket, in place: the result is all it allocates (a concatenation of the buckets and its
+    int64 columns were three times the buckets' bytes, on every state change)."""
     state = sorted(state)
     bounds = buckets.bounds
     lo, hi = bounds[state], bounds[np.asarray(state) + 1]
-    base = np.concatenate(([0], np.cumsum(hi - lo)))
+    base = np.concatenate(([0], np.cumsum(hi - lo))).astype(np.int64)
     visible = np.concatenate([np.arange(a, b, dtype=np.int64) for a, b in zip(lo, hi)]) if state else \
         np.empty(0, np.int64)
-    pairs = [held[i, j] for i in state for j in state]
-    edges = np.concatenate(pairs) if pairs else np.empty((0, 2), buckets.dtype)
-
-    def local(g):
-        k = np.searchsorted(lo, g, side="right") - 1
-        return (g - lo[k] + base[k]).astype(np.int64)
-
+    shift = {k: int(lo[a]) - int(base[a]) for a, k in enumerate(state)}   # global id - shift = local id
     n = int(base[-1])
-    indptr, indices = np.zeros(n + 1, np.int64), np.empty(len(edges), np.int32)
-    _csc(local(edges[:, 0].astype(np.int64)), local(edges[:, 1].astype(np.int64)).astype(np.int32), n,
-         indptr, indices)
+    indptr = np.zeros(n + 1, np.int64)
+    for i in state:
+        for j in state:
+            if len(held[i, j]):
+                _count(held[i, j], shift[i], indptr)
+    np.cumsum(indptr, out=indptr)
+    indices, cursor = np.empty(int(indptr[-1]), np.int32), indptr[:-1].copy()
+    for i in state:
+        for j in state:
+            if len(held[i, j]):
+                _fill(held[i, j], shift[i], shift[j], cursor, indices)
     return visible, (indptr, indices)
