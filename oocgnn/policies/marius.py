@@ -1,0 +1,127 @@
+"""MariusGNN (§3, §5): a buffer of partitions and their edge buckets, in COMET/BETA orderings."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+
+from ..errors import UserError
+from ..schedules import make_schedule
+from ..units import format_size
+from .base import Plan, setting
+
+class MariusPlan(Plan):
+    """MariusGNN (§3, §5): a buffer of c of p physical partitions holding their features and the edge
+    buckets among them (`oocgnn.buckets`), in the states of an ordering (`oocgnn.orderings`: COMET by
+    default, BETA, sequential); each training node trains in one state, sampling only over the edges
+    inside the buffer. Swaps read whole partitions and buckets sequentially, the next state's in the
+    background (`oocgnn.buffer`). The topology is on disk: the buckets are all the run reads of it
+    (evaluation reads lists as every policy's does). c defaults to the most partitions the budget holds."""
+    name, source, induces, partition_buffer = "marius", "MariusGNN §3, §5", True, True
+
+    @dataclass
+    class Options:
+        physical_parts: int = setting(16, "p: physical partitions, consecutive store parts grouped (at most the "
+                                          "store's parts)")
+        buffer_parts: int = setting(0, "c: physical partitions in the buffer (0: the most the budget holds)")
+        ordering: str = setting("comet", "buffer states: comet (MariusGNN) | beta (Marius) | sequential (control)")
+        logical_parts: int = setting(0, "l: COMET's logical partitions (0: MariusGNN's rule l = 2p/c)")
+        prefetch: bool = setting(True, "load the next state's partitions and buckets while this one trains")
+
+        def __post_init__(self):
+            from ..orderings import ORDERINGS
+            if self.physical_parts < 1 or self.buffer_parts < 0 or self.logical_parts < 0:
+                raise UserError("physical_parts must be >= 1, buffer_parts and logical_parts >= 0 (0: automatic)")
+            if self.ordering not in ORDERINGS:
+                raise UserError(f"ordering must be one of {', '.join(ORDERINGS)}, got {self.ordering!r}")
+
+    def __init__(self, store, cfg):
+        super().__init__(store, cfg)
+        o = self.options
+        if cfg.topology == "memory":
+            raise UserError("marius keeps only its buffer's edge buckets in memory: use --topology disk or auto")
+        self.topology, self.pipeline = "disk", o.prefetch
+        self.p = min(o.physical_parts, store.num_parts)
+        if self.p < 2:
+            raise UserError(f"marius needs a partitioned store; {store.path} has 1 part "
+                            "(prepare it with --partitioner metis|fennel|random --parts K)")
+        from ..buckets import physical_offsets
+        bounds = physical_offsets(store, self.p)
+        self.part_rows, self.part_entries = np.diff(bounds), np.diff(np.asarray(store.indptr)[bounds])
+        self.c = o.buffer_parts or self._most_that_fit()
+        if self.c > self.p:
+            raise UserError(f"--buffer-parts {self.c} exceeds the {self.p} physical partitions")
+        self.l = o.logical_parts
+        if o.ordering == "comet":
+            from ..orderings import auto_logical, comet_shape
+            comet_shape(self.p, self.c, self.l or auto_logical(self.p, self.c))
+
+    def describe(self):
+        return {"buffer": self.buffer()}
+
+    def buffer(self) -> dict:
+        """The buffer this plan runs (c from the budget when not given): for run summaries."""
+        sch = self.schedule
+        return {"ordering": self.options.ordering, "p": self.p, "c": self.c, "l": sch.l,
+                "states_per_epoch": len(sch.states(0)[0]), "states_loaded": len(sch.groups(0))}
+
+    def valid_c(self) -> list:
+        """Buffer sizes the ordering accepts at p (COMET: those giving whole r and c_l >= 2 at l)."""
+        from ..orderings import auto_logical, comet_shape
+        o, out = self.options, []
+        for c in range(1 if o.ordering == "sequential" else 2, self.p + 1):
+            if o.ordering == "comet":
+                l = o.logical_parts or auto_logical(self.p, c)
+                try:
+                    comet_shape(self.p, c, l)
+                except UserError:
+                    continue
+            out.append(c)
+        return out
+
+    def _most_that_fit(self) -> int:
+        fits = [c for c in self.valid_c() if sum(self._memory(c, self._swap(c)).values()) <= self.budget]
+        if not fits:
+            c = min(self.valid_c(), default=2)
+            need = sum(self._memory(c, self._swap(c)).values())
+            raise UserError(f"policy marius needs {format_size(need)} for its smallest buffer (c={c} of p={self.p} "
+                            f"partitions) but --memory-budget is {format_size(self.budget)}; raise the budget or "
+                            "--physical-parts (smaller partitions)")
+        return max(fits)
+
+    def _swap(self, c) -> int:
+        from ..orderings import swap_size
+        return swap_size(self.options.ordering, self.p, c, self.options.logical_parts)
+
+    @cached_property
+    def schedule(self):
+        return make_schedule("buffer", self.store, batch_size=self.cfg.batch_size, seed=self.seed,
+                             physical_parts=self.p, buffer_parts=self.c, ordering=self.options.ordering,
+                             logical_parts=self.l)
+
+    def buffers(self) -> int:
+        """Feature slots, one partition each: c, and room for one swap when prefetching."""
+        return self.c + (self._swap(self.c) if self.pipeline else 0)
+
+    def subgraphs(self):
+        """The subgraph sampling uses and the next state's, built while it is in use (or, without
+        prefetching, before the old one goes)."""
+        return 2
+
+    def group_rows(self):
+        """A slot: the largest physical partition."""
+        return int(self.part_rows.max())
+
+    def _memory(self, c, swap):
+        n, isz = self.store.num_nodes, np.dtype(self.store.meta["index_dtype"]).itemsize
+        slots = c + (swap if self.pipeline else 0)
+        rows_c, entries_c = self._largest(self.part_rows, c), self._largest(self.part_entries, c)
+        return {"feature_rows": slots * int(self.part_rows.max()) * self.store.row_bytes, "slot_table": 4 * n,
+                "topology": (n + 1) * 8 + 8 * n, "sampler": 4 * n,
+                # the held buckets (and, while a swap is read, the entering partitions'): pairs of ids
+                "buckets": self._largest(self.part_entries, slots) * 2 * isz,
+                "induced": self.subgraphs() * ((rows_c + 1) * 8 + entries_c * 4)}
+
+    def memory(self):
+        return self._memory(self.c, self._swap(self.c))

@@ -1,0 +1,194 @@
+"""OUTRE (§4.2-4.4): partition micro-batches, a static feature cache, historical embeddings."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+
+from ..errors import UserError
+from ..schedules import Step, make_schedule
+from .base import _EMPTY, HistorySpec, Plan, fraction_or_auto, setting
+
+class OutrePlan(Plan):
+    """OUTRE (§4.2–4.4): partition micro-batches, static feature cache + direct reads, histories.
+
+    `--history-ratio auto` (the default) splits what the budget leaves for the feature cache and the
+    histories by OUTRE Eq. 5 (`redundancy.choose_history_split`) from a profiling epoch of this plan's
+    schedule (sampling seed + 1), run when the plan is built: it samples, reading lists but no rows."""
+    name, source, neighbour_cache_default = "outre", "OUTRE §4.2-4.4", 0.1
+
+    @dataclass
+    class Options:
+        parts_per_macro: int = setting(20, "parts per macro batch")
+        feature_cache: str = setting("degree", "static feature cache: degree | frequency (a profiled epoch)")
+        history_ratio: float | str = setting("auto", "fraction of nodes with a historical layer-(L-1) embedding "
+                                                     "(0: none), or auto: the split of the budget between "
+                                                     "histories and the feature cache that a profiling epoch "
+                                                     "predicts saves the most reads (OUTRE Eq. 5)")
+        history_by: str = setting("importance", "history nodes by importance (OUTRE's pruned-subtree size) | degree")
+        staleness: int = setting(100, "reuse a history while younger than this many iterations (1: never)")
+
+        def __post_init__(self):
+            if self.parts_per_macro < 1:
+                raise UserError(f"parts_per_macro must be >= 1, got {self.parts_per_macro}")
+            if self.feature_cache not in ("degree", "frequency"):
+                raise UserError(f"feature_cache must be degree or frequency, got {self.feature_cache!r}")
+            self.history_ratio = fraction_or_auto("history_ratio", self.history_ratio)
+            if self.history_by not in ("importance", "degree"):
+                raise UserError(f"history_by must be importance or degree, got {self.history_by!r}")
+            if self.staleness < 1:
+                raise UserError(f"staleness must be >= 1 iteration (1 disables reuse), got {self.staleness}")
+
+    def __init__(self, store, cfg):
+        super().__init__(store, cfg)
+        o, n = self.options, store.num_nodes
+        if store.num_parts < 2:
+            raise UserError(f"outre needs a partitioned store; {store.path} has 1 part "
+                            "(prepare it with --partitioner metis|fennel --parts K)")
+        self.split_table = None       # auto: Eq. 5's predicted benefit per α (`choose_history_split`)
+        if o.history_ratio != "auto" and o.history_ratio > 0:
+            self.history = HistorySpec(int(o.history_ratio * n), self._history_dim(), o.staleness,
+                                       self._history_nodes)
+        isz = np.dtype(store.meta["index_dtype"]).itemsize
+        self.neighbour_entries = int(cfg.neighbour_cache_ratio_of(self.name) * self.budget) // isz
+        # the feature cache gets what the budget leaves after the topology, histories and its slot table
+        self.cache_rows = 0
+        self._choose_topology()
+        # B of Eq. 5: what the feature cache and the histories share (the cache's slot table, counted by
+        # `memory()` whatever the split, is paid already)
+        share = self.budget - self.resident_bytes() + (self.history.nbytes(n) if self.history else 0)
+        alpha = self._auto_split(share) if o.history_ratio == "auto" else \
+            (self.history.nbytes(n) / share if self.history and share > 0 else 0.0)
+        left = self.budget - self.resident_bytes()
+        self.cache_rows = int(min(n, max(0, left) // store.row_bytes))
+        self.split = {"cache_split": round(float(alpha), 4), "auto": o.history_ratio == "auto",
+                      "split_budget": int(share), "history_rows": self.history.count if self.history else 0,
+                      "cache_rows": self.cache_rows}
+
+    @property
+    def cache_split(self) -> float:
+        """α: the share of `split["split_budget"]` the histories get (auto: Eq. 5's argmax)."""
+        return self.split["cache_split"]
+
+    def _history_dim(self) -> int:
+        from ..models import hidden_width
+        return hidden_width(self.cfg.model, self.cfg.hidden)
+
+    def _auto_split(self, share) -> float:
+        """α* of OUTRE Eq. 5 over `share` bytes, and the histories it buys (none with the MLP, one layer,
+        or no room). The caches are chosen on `profile` (sampling seed + 1) and their savings counted on
+        `held_out` (seed + 2: on the epoch that chose them they look ~10% better than they are), each
+        ranked as the plan ranks it (the feature cache by degree or accesses, histories by importance
+        or degree): saved_feat = accesses; saved_hist = the rows the top-k histories would spare (each
+        row charged to its last-ranked reacher, not to OUTRE's first discoverer, which counts rows other
+        hop-1 nodes still need), at the meetings that would hit over the run's epochs (`history_reuse`:
+        OUTRE counts every meeting, but the first in a staleness window pushes and spares nothing); rows
+        both would save count once (`overlap`). d_embed counts a slot's stamp and size_tab the
+        histories' slot table (N·4), as `memory()` does."""
+        from ..redundancy import choose_history_split, history_reuse
+        o, n = self.options, self.store.num_nodes
+        if self.cfg.model == "mlp" or len(self.fanouts) < 2 or share <= 4 * n:
+            return 0.0
+        prof, (held, met) = self.profile, self.held_out
+        reuse = history_reuse(met, o.staleness, self.cfg.epochs)[met.pair_meeting]   # per spared read
+        owner = met.node[met.pair_meeting]
+        dim = self._history_dim()
+        alpha, self.split_table = choose_history_split(
+            held["accesses"].to_numpy(), np.bincount(owner, reuse, n), share, self.store.row_bytes, dim * 4 + 8,
+            table_hist=4 * n,
+            feat_score=self.store.degrees() if o.feature_cache == "degree" else prof["accesses"].to_numpy(),
+            hist_score=prof["history_score"].to_numpy(), overlap=(owner, met.pair_row, reuse))
+        count = int(self.split_table.loc[self.split_table["alpha"] == alpha, "history_rows"].iloc[0])
+        if count > 0:
+            self.history = HistorySpec(count, dim, o.staleness, self._history_nodes)
+        return alpha
+
+    @cached_property
+    def profile(self):
+        """OUTRE's profiling epoch (`redundancy.importance`) of this schedule, sampling seed + 1: per node
+        its accesses (saved_I/O_feat, what a frequency cache ranks by), pruned-subtree reads
+        (saved_gather) and `history_score` (what histories are ranked by: saved_gather or degree)."""
+        from ..redundancy import importance
+        prof = importance(self.store, self.fanouts, schedule=self.schedule, seed=self.seed + 1,
+                          topology=self._profiling_lists())
+        prof["history_score"] = self.store.degrees() if self.options.history_by == "degree" \
+            else prof["saved_gather"]               # a column added in place: no copy of the frame
+        return prof
+
+    @cached_property
+    def held_out(self):
+        """(profile, `redundancy.Meetings`) of another epoch (sampling seed + 2): accesses, and the rows
+        each hop-1 meeting spares given the histories' ranking, to count the savings of caches chosen
+        on `profile` where they were not chosen."""
+        from ..redundancy import importance, ranks
+        return importance(self.store, self.fanouts, schedule=self.schedule, seed=self.seed + 2, meetings=True,
+                          rank=ranks(self.profile["history_score"].to_numpy()), topology=self._profiling_lists())
+
+    def _profiling_lists(self):
+        """The runtime's lists when it lent them, else all in memory on a memory topology, else read
+        from disk as sampled (none kept)."""
+        from ..topology import NeighbourLists
+        if self.lists is not None or self.topology == "memory":
+            return self.profile_lists()
+        return NeighbourLists(self.store, capacity=0)
+
+    @cached_property
+    def schedule(self):
+        return make_schedule("partition", self.store, batch_size=self.cfg.batch_size, seed=self.seed,
+                             n_per_macro=self.options.parts_per_macro)
+
+    def _history_nodes(self):
+        """Importance is profiled on an epoch of this schedule with another sampling seed."""
+        from ..ranking import top_ids
+        from ..redundancy import history_nodes
+        o = self.options
+        if o.history_ratio == "auto":
+            return top_ids(self.profile["history_score"].to_numpy(), self.history.count)
+        return history_nodes(self.store, o.history_ratio, by=o.history_by, fanouts=self.fanouts,
+                             schedule=self.schedule, seed=self.seed + 1, topology=self.profile_lists())
+
+    @cached_property
+    def cache_ids(self) -> np.ndarray:
+        """The static feature cache: top `cache_rows` by degree (PaGraph) or by accesses in a profiling
+        epoch (OUTRE §4.4), chosen by the replay policies' own code (`oocgnn.cache`)."""
+        from ..cache import make_cache
+        if self.cache_rows <= 0:
+            return _EMPTY
+        if self.options.feature_cache == "degree":
+            policy = make_cache("static-degree", self.cache_rows, self.store.num_nodes,
+                                degrees=self.store.degrees())
+        else:
+            from ..trace import record_trace
+            counts = self.profile["accesses"].to_numpy() if "profile" in self.__dict__ else \
+                record_trace(self.store, self.schedule, self.fanouts, seed=self.seed + 1,
+                             cache_dir=False, topology=self.profile_lists()).counts()
+            policy = make_cache("static-frequency", self.cache_rows, self.store.num_nodes, counts=counts)
+        return policy.static_ids.astype(np.int64)
+
+    @cached_property
+    def neighbour_ids(self) -> np.ndarray:
+        """The static neighbour cache of a disk topology: lists by cross-partition degree (OUTRE §4.2)
+        while they fit `neighbour_cache_ratio` of the budget."""
+        from ..topology import cross_partition_degree, neighbour_cache
+        isz = np.dtype(self.store.meta["index_dtype"]).itemsize
+        return np.sort(neighbour_cache(self.store, cross_partition_degree(self.store), self.neighbour_entries * isz))
+
+    def setup(self):
+        """The lists first, then the feature cache: a frequency cache is profiled (when this generator
+        is resumed) by sampling through whatever lists a runtime placed by then."""
+        if self.topology == "memory":
+            yield Step(seeds=_EMPTY, enter_ranges=[(0, self.store.num_nodes)], data=("adjacency",))
+        elif self.neighbour_entries:
+            yield Step(seeds=_EMPTY, enter_ids=self.neighbour_ids, data=("adjacency",))
+        yield Step(seeds=_EMPTY, enter_ids=self.cache_ids, data=("features",))
+
+    def setup_rows(self):
+        return self.cache_rows
+
+    def setup_entries(self):
+        return self.neighbour_entries
+
+    def group_entries(self):
+        """A macro batch's lists (OUTRE's batch-specific neighbour cache): the largest parts' lists."""
+        return self._largest(np.diff(self.store.indptr[self.store.part_offsets]), self.options.parts_per_macro)
