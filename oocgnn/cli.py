@@ -189,19 +189,9 @@ def _cmd_train(args):
           f"distance from the training set {m['tv_mean']:.3f} on average, {m['tv_max']:.3f} at worst"
           + (f" (random groups of as many training nodes: {m['tv_random']:.3f})" if "tv_random" in m else "")
           + (" (warned)" if m["warning"] else ""))
-    if "buffer" in s:
-        b = s["buffer"]
-        print(f"  buffer: {b['ordering']}, c={b['c']} of p={b['p']} partitions" + (f", l={b['l']}" if b["l"] else "")
-              + f", {b['states_loaded']} of {b['states_per_epoch']} states loaded in epoch 0 (states without "
-              "training nodes are skipped)")
-    if "cache_split" in s:
-        print(f"  cache split: alpha {s['cache_split']:.2f}{' (auto, OUTRE Eq. 5)' if s['cache_split_auto'] else ''}: "
-              f"{s['history_rows']:,} history rows, {s['cache_rows']:,} feature cache rows")
-    if "composed" in s:
-        m, b, h = (s["composed"][k] for k in ("megabatch", "belady", "history"))
-        print(f"  composed: mega-batches of {m['parts']} parts + {m['static_rows']:,} static rows"
-              + (" (sampling inside them)" if m["induced"] else f", a Belady cache of {b['cache_rows']:,} rows over "
-                 f"chunks of {b['superbatch']} batches") + f", {h['nodes']:,} histories (staleness {h['staleness']})")
+    from .policies import POLICIES
+    for line in POLICIES[s["policy"]].summary_lines(s):     # the policy's own knobs, as it words them
+        print(f"  {line}")
 
 
 def _cmd_tune(args):
@@ -301,6 +291,17 @@ _TYPES = {"int": (int, "N"), "float": (float, "X"), "str": (str, "TEXT"),
           "float | str": (str, "X|auto")}       # a number or a word: the setting's dataclass parses it
 
 
+def _non_negative(text) -> int:
+    """An argparse type: an integer >= 0 (a seed; numpy's generators refuse negative ones)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
 def _add_settings(parser, exclude=()):
     """One flag per setting of `config.SETTINGS` (`--batch-size` for batch_size), its help and default
     from the setting itself; each policy's options in a group of their own. Flags not given stay
@@ -325,13 +326,14 @@ def _add_settings(parser, exclude=()):
         else:
             target = groups[owner]
         flag, help = "--" + name.replace("_", "-"), f.metadata["help"]
-        if f.type == "bool":                        # on by default: --no-X turns it off
+        kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))   # with or without
+        if kind == "bool":                          # `from __future__ import annotations` in the policy's module                        # on by default: --no-X turns it off
             off = f.default
             target.add_argument(f"--no-{flag[2:]}" if off else flag, dest=name, default=None,
                                 action="store_false" if off else "store_true",
                                 help=f"{'do not ' if off else ''}{help[0].lower()}{help[1:]}")
         else:
-            kind, metavar = _TYPES[f.type]
+            kind, metavar = _TYPES[kind]
             target.add_argument(flag, dest=name, type=kind, default=None, metavar=metavar,
                                 help=help if "default" in help else f"{help} (default {f.default!r})")
 
@@ -347,7 +349,8 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--preset", default="small", help="synthetic preset: tiny|small|medium|large|xlarge (default small; "
                                                        "xlarge's 28.7 GB of features exceed 24 GB of RAM)")
     pr.add_argument("--out", required=True, help="store directory to create")
-    pr.add_argument("--seed", type=int, default=0, help="generator seed (synthetic) and --split random's seed (default 0)")
+    pr.add_argument("--seed", type=_non_negative, default=0, metavar="N",
+                    help="generator seed (synthetic) and --split random's seed (default 0)")
     pr.add_argument("--split", default="given",
                     help="given (the source's splits) | random:TRAIN,VAL,TEST (seeded random fractions of the "
                          "labelled nodes, summing to <= 1, e.g. random:0.1,0.1,0.8; default given)")

@@ -12,8 +12,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields, replace
 
 from .errors import UserError
-from .policies import (POLICIES, ComposedPlan, GinexPlan, HierBatchingPlan, MacrobatchPlan, MariusPlan, OutrePlan,
-                       setting)
+from .policies import POLICIES, setting
 from .units import parse_size
 
 
@@ -36,7 +35,19 @@ def parse_fanouts(text) -> tuple:
     return fanouts
 
 
+def _with_policy_options(cls):
+    """Each registered policy's options as a field named after it (`cfg.hierbatching.passes`), from the
+    registry: a new policy's options need no line here."""
+    for name, plan in POLICIES.items():
+        if plan.Options is not None:
+            cls.__annotations__[name] = plan.Options
+            setattr(cls, name, field(default_factory=plan.Options))
+    cls.__annotations__["memory_budget_bytes"] = cls.__annotations__.pop("memory_budget_bytes")   # derived: last
+    return cls
+
+
 @dataclass
+@_with_policy_options
 class TrainConfig:
     """Settings of one training run; `asdict(cfg)` is saved as the run's config.json."""
     store: str = field(metadata={"help": "the store directory (written by `oocgnn prepare`)"})
@@ -86,13 +97,9 @@ class TrainConfig:
                                        "hierbatching, --memory-budget per rank")
     dist_timeout: float = setting(120.0, "seconds a distributed collective waits for the other ranks before the "
                                          "run fails (a dead rank ends the others, never a hang)")
-    hierbatching: HierBatchingPlan.Options = field(default_factory=HierBatchingPlan.Options)
-    outre: OutrePlan.Options = field(default_factory=OutrePlan.Options)
-    ginex: GinexPlan.Options = field(default_factory=GinexPlan.Options)
-    macrobatch: MacrobatchPlan.Options = field(default_factory=MacrobatchPlan.Options)
-    marius: MariusPlan.Options = field(default_factory=MariusPlan.Options)
-    composed: ComposedPlan.Options = field(default_factory=ComposedPlan.Options)
     memory_budget_bytes: int = field(init=False, default=0)     # memory_budget, parsed once
+    # + one field per registered policy with options, named after it, before memory_budget_bytes
+    #   (`_with_policy_options`)
 
     def __post_init__(self):
         for name in POLICY_OPTIONS:                   # nested dicts (config.json) -> options
@@ -116,8 +123,8 @@ class TrainConfig:
                 raise UserError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not 0 <= self.dropout < 1 or self.lr <= 0 or not 0 <= self.target_acc <= 1:
             raise UserError("need 0 <= dropout < 1, lr > 0 and 0 <= target_acc <= 1")
-        if min(self.eval_every, self.max_eval_nodes, self.threads, self.max_steps, self.checkpoint_every) < 0:
-            raise UserError("eval_every, max_eval_nodes, max_steps, threads and checkpoint_every must be >= 0")
+        if min(self.eval_every, self.max_eval_nodes, self.threads, self.max_steps, self.checkpoint_every, self.seed) < 0:
+            raise UserError("eval_every, max_eval_nodes, max_steps, threads, checkpoint_every and seed must be >= 0")
         self.memory_budget_bytes = parse_size(self.memory_budget)
         if self.precision not in PRECISIONS:
             raise UserError(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
@@ -210,3 +217,18 @@ def _route(settings: dict) -> tuple[dict, dict]:
         elif name != "memory_budget_bytes":       # derived: config.json has it, it is recomputed
             raise UserError(f"unknown setting {name!r}; settings are: {', '.join(SETTINGS)}")
     return top, nested
+
+
+def _settings_by_name(init):
+    """`TrainConfig(...)` takes a policy's settings by name too (`parts_per_megabatch=4`), as `create` does:
+    the dataclass's own __init__ would stop at them with a bare TypeError."""
+    def __init__(self, *args, **settings):
+        top, nested = _route(settings)
+        for policy, kw in nested.items():
+            top[policy] = replace(top[policy], **kw) if policy in top else POLICIES[policy].Options(**kw)
+        init(self, *args, **top)
+    __init__.__doc__ = init.__doc__
+    return __init__
+
+
+TrainConfig.__init__ = _settings_by_name(TrainConfig.__init__)

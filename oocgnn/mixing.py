@@ -125,7 +125,6 @@ def check(stats: dict, plan=None) -> str:
     more parts cannot mix it further: the line says so, with the TV a random group of that size has."""
     if stats["groups"] <= 1 or (stats["parts_mean"] >= MIN_PARTS and stats["tv_mean"] <= MAX_TV):
         return ""
-    name = getattr(plan, "name", "")
     line = (f"groups mix poorly: {stats['parts_mean']:.1f} parts per group on average (warn below {MIN_PARTS}), "
             f"label distance {stats['tv_mean']:.2f} from the training set on average (warn above {MAX_TV}), "
             f"worst {stats['tv_max']:.2f}; accuracy may fall short of inmemory. ")
@@ -139,12 +138,9 @@ def check(stats: dict, plan=None) -> str:
     if hasattr(plan, "n_d"):      # the budget holds n_d of num_groupable parts: K for MIN_PARTS, else twice K
         few = stats["parts_mean"] < MIN_PARTS
         k = f"{-(-MIN_PARTS * plan.num_groupable // plan.n_d) if few else 2 * plan.num_groupable} or more"
-    fix = {"hierbatching": f"a larger --parts-per-megabatch, more parts (prepare --parts {k}) so that a "
-                           "mega-batch holds more of them, or fewer --passes over each",
-           "composed": f"a larger --parts-per-megabatch or more parts (prepare --parts {k})",
-           "outre": "a larger --parts-per-macro or more parts (prepare --parts K)",
-           "marius": "a larger --buffer-parts (c) or more, smaller partitions (prepare --parts K, --physical-parts)"}
-    return line + f"Try {fix.get(name, 'larger groups or more parts (prepare --parts K)')}"
+    from .policies import POLICIES, Plan
+    policy = POLICIES.get(getattr(plan, "name", ""), Plan)   # the plan's class words the advice (`Plan.mixing_fix`)
+    return line + f"Try {policy.mixing_fix(plan, k)}"
 
 
 def default_parts(num_nodes, num_edges, feat_dim, budget=None, static_ratio=0.01) -> int:

@@ -368,10 +368,7 @@ def _train(cfg, run, store, plan, runtime, t_enter, device, mix) -> dict:
         "device": str(device), "precision": cfg.precision,
         "h2d": {"bytes": runtime.h2d.bytes, "pinned_bytes": runtime.h2d.pinned_bytes},
     }
-    summary.update(plan.describe())              # the policy's own knobs (HierBatching's rule, a buffer, ...)
-    if getattr(plan, "split", None):            # OUTRE §4.4: the budget's split, auto or from --history-ratio
-        summary.update(cache_split=plan.split["cache_split"], cache_split_auto=plan.split["auto"],
-                       history_rows=plan.split["history_rows"], cache_rows=plan.split["cache_rows"])
+    summary.update(plan.describe())              # the policy's own knobs (HierBatching's rule, a buffer, a split, ...)
     run.write_json("summary.json", summary)
     return {**summary, "run_dir": str(run.path), "log": log}
 

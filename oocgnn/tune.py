@@ -23,20 +23,11 @@ import numpy as np
 import pandas as pd
 
 from .errors import UserError
+from .policies import POLICIES
 from .units import parse_size
 
-# knobs tried per policy; a knob's values whose plans do not fit the budget are dropped
-GRID = {
-    "inmemory": [{}],
-    "mmap": [{}],
-    "hierbatching": [{"parts_per_megabatch": n, "passes": p} for n in (4, 8, 16, 32, 64, 128, 256, 512)
-                     for p in (1.0, 2.0)],
-    "outre": [{"parts_per_macro": k} for k in (10, 20, 40)],
-    "ginex": [{"superbatch": s} for s in (2, 4, 16)],
-    "macrobatch": [{"macrobatch": k} for k in (1, 2, 4, 8)],
-    "marius": [{"ordering": o} for o in ("comet", "beta")],
-    "composed": [{"parts_per_megabatch": n, "superbatch": 4} for n in (4, 8, 16, 32, 64, 128, 256, 512)],
-}
+# knobs tried per policy (each plan's `grid`); a knob's values whose plans do not fit the budget are dropped
+GRID = {name: [dict(k) for k in plan.grid] for name, plan in POLICIES.items()}
 MEGABATCH_KEEP = 3      # mega-batch policies: only the largest N_d that fit (more parts per mega-batch mix better)
 
 

@@ -1,5 +1,7 @@
 """The baseline executor: run files, the mmap-vs-inmemory oracle, the memory cap, models."""
 import json
+import subprocess
+import sys
 import os
 
 import numpy as np
@@ -177,3 +179,22 @@ def test_a_plan_larger_than_the_machine_is_refused_before_any_read(tiny_store, t
     cfg = TrainConfig.create(store=str(tiny_store.path), policy="inmemory", epochs=1)
     assert len(simulate(tiny_store, make_plan(tiny_store, cfg), epochs=1, progress=False))
     assert _run(tiny_store, tmp_path, policy="mmap", epochs=1, max_steps=2)["steps"] == 2
+
+
+def test_the_constructor_takes_a_policys_settings_and_refuses_a_negative_seed():
+    """`TrainConfig(parts_per_megabatch=4)` is `TrainConfig.create`'s config (it was a bare TypeError); an unknown
+    name or a negative seed is one UserError line (numpy refused the seed with a traceback)."""
+    cfg = TrainConfig(store="x", policy="hierbatching", parts_per_megabatch=4, passes=1.5)
+    assert cfg == TrainConfig.create(store="x", policy="hierbatching", parts_per_megabatch=4, passes=1.5)
+    assert cfg.replace(passes=3.0).hierbatching.passes == 3.0
+    with pytest.raises(UserError, match="unknown setting 'warp'"):
+        TrainConfig(store="x", warp=1)
+    with pytest.raises(UserError, match="seed must be >= 0"):
+        TrainConfig(store="x", seed=-1)
+
+
+def test_prepare_and_train_refuse_a_negative_seed_in_one_line(tmp_path):
+    for argv in (["prepare", "synthetic", "--seed", "-1", "--out", str(tmp_path / "s")],
+                 ["train", str(tmp_path / "none"), "--seed", "-1"]):
+        done = subprocess.run([sys.executable, "-m", "oocgnn", *argv], capture_output=True, text=True)
+        assert done.returncode != 0 and "Traceback" not in done.stderr and ">= 0" in done.stderr, done.stderr

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from ..errors import UserError
 from ..schedules import make_schedule
-from .base import HistorySpec, Plan, SchedulePlan, fraction_or_auto, setting, shared
+from .base import REGISTRY, HistorySpec, Plan, SchedulePlan, fraction_or_auto, register, setting, shared
 from .baselines import InMemoryPlan, MmapPlan
 from .composed import ComposedPlan
 from .hierbatching import STATIC_RATIO, STATIC_SHARE, HierBatchingPlan, resolve_static_ratio, static_ratio_for
@@ -35,13 +35,24 @@ from .marius import MariusPlan
 from .outre import OutrePlan
 from .sampleahead import GinexPlan, MacrobatchPlan, SampleAheadPlan
 
-__all__ = ["POLICIES", "make_plan", "as_plan", "Plan", "SchedulePlan", "HistorySpec", "setting", "shared",
+__all__ = ["POLICIES", "REGISTRY", "register", "make_plan", "as_plan", "Plan", "SchedulePlan", "HistorySpec", "setting", "shared",
            "fraction_or_auto", "InMemoryPlan", "MmapPlan", "HierBatchingPlan", "OutrePlan", "SampleAheadPlan",
            "GinexPlan", "MacrobatchPlan", "MariusPlan", "ComposedPlan", "STATIC_RATIO", "STATIC_SHARE",
            "static_ratio_for", "resolve_static_ratio"]
 
-POLICIES = {p.name: p for p in (InMemoryPlan, MmapPlan, HierBatchingPlan, OutrePlan, GinexPlan, MacrobatchPlan,
-                                MariusPlan, ComposedPlan)}
+
+
+def _import_every_module():
+    """Import each module of this package: a policy is a module with a `@register`ed plan, listed by
+    dropping it here (no other file names it)."""
+    import importlib
+    import pkgutil
+    for module in pkgutil.iter_modules(__path__):
+        importlib.import_module(f"{__name__}.{module.name}")
+
+
+_import_every_module()
+POLICIES = {name: REGISTRY[name] for name in sorted(REGISTRY, key=lambda n: (REGISTRY[n].listed, n))}
 
 
 def make_plan(store, cfg) -> Plan:

@@ -27,6 +27,18 @@ def shared(options, name):
     return setting(f.default, f.metadata["help"])
 
 
+REGISTRY: dict = {}          # policy name -> plan class, filled by `register` as the modules are imported
+
+
+def register(cls):
+    """Class decorator: list a plan as a policy under its `name` (in `POLICIES`, the run configuration, the
+    CLI, the tuner, the widgets), ordered by its `listed` rank."""
+    if cls.name in REGISTRY and REGISTRY[cls.name] is not cls:
+        raise TypeError(f"policy {cls.name!r} is registered twice ({REGISTRY[cls.name].__qualname__}, {cls.__qualname__})")
+    REGISTRY[cls.name] = cls
+    return cls
+
+
 @dataclass
 class HistorySpec:
     """OUTRE §4.3, declared: `count` candidate nodes each keep h^(L−1) (`dim` floats); an entry is
@@ -134,9 +146,21 @@ class Plan:
         """Feature slots a replacement policy drives (the last of `capacity()`): a Belady cache's."""
         return 0
 
+    listed = 100.0           # where `POLICIES` lists the policy (the seed's policies first, in the papers' order)
+    grid = ({},)             # the tuner's knobs to try (`oocgnn.tune`); values whose plans do not fit are dropped
+
     def describe(self) -> dict:
         """What the run summary says of the plan's own knobs, beside its memory (none by default)."""
         return {}
+
+    @staticmethod
+    def summary_lines(summary: dict) -> list:
+        """Lines `oocgnn train` prints of what `describe()` put in a run's summary (none by default)."""
+        return []
+
+    def mixing_fix(self, more_parts: str) -> str:
+        """What to change when this plan's groups mix poorly (`mixing.check`); `more_parts`: the K to prepare."""
+        return "larger groups or more parts (prepare --parts K)"
 
     def buffers(self) -> int:
         return 2 if self.pipeline else 1

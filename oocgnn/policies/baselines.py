@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 from ..schedules import Step
-from .base import _EMPTY, Plan
+from .base import _EMPTY, Plan, register
 
 
+@register
 class InMemoryPlan(Plan):
     """Every feature row resident (the NS baseline of HierBatching and Ginex); no budget applies."""
+    listed = 0
     name, source, budgeted = "inmemory", "NS baseline", False
 
     def setup(self):
@@ -17,8 +19,10 @@ class InMemoryPlan(Plan):
         return self.store.num_nodes
 
 
+@register
 class MmapPlan(Plan):
     """Features through np.memmap: the OS page cache is the only cache, bounded by a cgroup cap of
     budget + measured working set (`oocgnn.runtime`); the kernel decides what is read, so the
     simulator's count (every batch's rows, no cache) is an upper bound, not a prediction."""
+    listed = 1
     name, source, reader, budgeted, exact_io = "mmap", "PyG+/DGL over mmap", "mmap", False, False

@@ -7,11 +7,12 @@ import numpy as np
 
 from ..errors import UserError
 from ..units import format_size
-from .base import HistorySpec, setting, shared
+from .base import HistorySpec, register, setting, shared
 from .hierbatching import HierBatchingPlan
 from .outre import OutrePlan
 from .sampleahead import GinexPlan, SampleAheadPlan
 
+@register
 class ComposedPlan(SampleAheadPlan, HierBatchingPlan):
     """HierBatching's mega-batches (Alg. 1: N_d parts + static top-r_s·N rows, p passes, pipelined
     loads) with sampling that may leave them; the rows a chunk of S batches reads outside the mega-batch
@@ -20,7 +21,9 @@ class ComposedPlan(SampleAheadPlan, HierBatchingPlan):
     embeddings (§4.3) prune what each batch reads. The cache gets what the budget leaves after the
     mega-batch buffers, static set, histories and samples. `--induced` keeps HierBatching's sampling
     inside the mega-batch (nothing is then read outside it: histories on HierBatching)."""
+    listed = 7
     name, source, size_flag = "composed", "HierBatching Alg. 1 + Ginex §3.4 + OUTRE §4.3", "superbatch"
+    grid = tuple({"parts_per_megabatch": n, "superbatch": 4} for n in (4, 8, 16, 32, 64, 128, 256, 512))
     change_bytes = 12             # as Ginex's: in ids, out ids and positions, int32
 
     @dataclass
@@ -134,3 +137,13 @@ class ComposedPlan(SampleAheadPlan, HierBatchingPlan):
             "belady": {"superbatch": self.lookahead, "cache_rows": self.cache_rows},
             "history": {"ratio": self.history_ratio, "by": o.history_by, "staleness": o.staleness,
                         "nodes": self.history.count if self.history else 0}}}
+
+    @staticmethod
+    def summary_lines(s):
+        m, b, h = (s["composed"][k] for k in ("megabatch", "belady", "history"))
+        return [f"composed: mega-batches of {m['parts']} parts + {m['static_rows']:,} static rows"
+                + (" (sampling inside them)" if m["induced"] else f", a Belady cache of {b['cache_rows']:,} rows over "
+                   f"chunks of {b['superbatch']} batches") + f", {h['nodes']:,} histories (staleness {h['staleness']})"]
+
+    def mixing_fix(self, more_parts):
+        return f"a larger --parts-per-megabatch or more parts (prepare --parts {more_parts})"

@@ -8,7 +8,7 @@ import numpy as np
 
 from ..errors import UserError
 from ..schedules import make_schedule
-from .base import Plan, fraction_or_auto, setting
+from .base import Plan, fraction_or_auto, register, setting
 
 STATIC_RATIO, STATIC_SHARE = 0.05, 0.15
 
@@ -28,11 +28,14 @@ def resolve_static_ratio(asked, budget, feature_bytes) -> float:
     return static_ratio_for(budget, feature_bytes) if asked == "auto" else float(asked)
 
 
+@register
 class HierBatchingPlan(Plan):
     """HierBatching (Alg. 1): mega-batches of N_d parts + static cache, p passes, pipelined loads.
     On a disk topology a mega-batch's lists load with its features (sequential reads of its parts'
     slices of indices.bin) and the static nodes' lists stay with theirs."""
+    listed = 2
     name, source, induces = "hierbatching", "HierBatching Alg. 1", True
+    grid = tuple({"parts_per_megabatch": n, "passes": p} for n in (4, 8, 16, 32, 64, 128, 256, 512) for p in (1.0, 2.0))
 
     @dataclass
     class Options:
@@ -150,3 +153,7 @@ class HierBatchingPlan(Plan):
 
     def describe(self):
         return {"hierbatching_rule": self.rule(), "parts_per_megabatch": self.n_d}
+
+    def mixing_fix(self, more_parts):
+        return (f"a larger --parts-per-megabatch, more parts (prepare --parts {more_parts}) so that a mega-batch "
+                "holds more of them, or fewer --passes over each")

@@ -9,8 +9,9 @@ import numpy as np
 from ..errors import UserError
 from ..schedules import make_schedule
 from ..units import format_size
-from .base import Plan, setting
+from .base import Plan, register, setting
 
+@register
 class MariusPlan(Plan):
     """MariusGNN (§3, §5): a buffer of c of p physical partitions holding their features and the edge
     buckets among them (`oocgnn.buckets`), in the states of an ordering (`oocgnn.orderings`: COMET by
@@ -18,7 +19,9 @@ class MariusPlan(Plan):
     inside the buffer. Swaps read whole partitions and buckets sequentially, the next state's in the
     background (`oocgnn.buffer`). The topology is on disk: the buckets are all the run reads of it
     (evaluation reads lists as every policy's does). c defaults to the most partitions the budget holds."""
+    listed = 6
     name, source, induces, partition_buffer = "marius", "MariusGNN §3, §5", True, True
+    grid = ({"ordering": "comet"}, {"ordering": "beta"})
 
     @dataclass
     class Options:
@@ -59,6 +62,16 @@ class MariusPlan(Plan):
 
     def describe(self):
         return {"buffer": self.buffer()}
+
+    @staticmethod
+    def summary_lines(s):
+        b = s["buffer"]
+        return [f"buffer: {b['ordering']}, c={b['c']} of p={b['p']} partitions" + (f", l={b['l']}" if b["l"] else "")
+                + f", {b['states_loaded']} of {b['states_per_epoch']} states loaded in epoch 0 (states without "
+                "training nodes are skipped)"]
+
+    def mixing_fix(self, more_parts):
+        return "a larger --buffer-parts (c) or more, smaller partitions (prepare --parts K, --physical-parts)"
 
     def buffer(self) -> dict:
         """The buffer this plan runs (c from the budget when not given): for run summaries."""

@@ -8,15 +8,18 @@ import numpy as np
 
 from ..errors import UserError
 from ..schedules import Step, make_schedule
-from .base import _EMPTY, HistorySpec, Plan, fraction_or_auto, setting
+from .base import _EMPTY, HistorySpec, Plan, fraction_or_auto, register, setting
 
+@register
 class OutrePlan(Plan):
     """OUTRE (§4.2–4.4): partition micro-batches, static feature cache + direct reads, histories.
 
     `--history-ratio auto` (the default) splits what the budget leaves for the feature cache and the
     histories by OUTRE Eq. 5 (`redundancy.choose_history_split`) from a profiling epoch of this plan's
     schedule (sampling seed + 1), run when the plan is built: it samples, reading lists but no rows."""
+    listed = 3
     name, source, neighbour_cache_default = "outre", "OUTRE §4.2-4.4", 0.1
+    grid = tuple({"parts_per_macro": k} for k in (10, 20, 40))
 
     @dataclass
     class Options:
@@ -192,3 +195,16 @@ class OutrePlan(Plan):
     def group_entries(self):
         """A macro batch's lists (OUTRE's batch-specific neighbour cache): the largest parts' lists."""
         return self._largest(np.diff(self.store.indptr[self.store.part_offsets]), self.options.parts_per_macro)
+
+    def describe(self):
+        """OUTRE §4.4: the budget's split, auto or from --history-ratio."""
+        return {"cache_split": self.split["cache_split"], "cache_split_auto": self.split["auto"],
+                "history_rows": self.split["history_rows"], "cache_rows": self.split["cache_rows"]}
+
+    @staticmethod
+    def summary_lines(s):
+        return [f"cache split: alpha {s['cache_split']:.2f}{' (auto, OUTRE Eq. 5)' if s['cache_split_auto'] else ''}: "
+                f"{s['history_rows']:,} history rows, {s['cache_rows']:,} feature cache rows"]
+
+    def mixing_fix(self, more_parts):
+        return "a larger --parts-per-macro or more parts (prepare --parts K)"

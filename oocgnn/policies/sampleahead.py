@@ -9,7 +9,7 @@ import numpy as np
 from ..errors import UserError
 from ..schedules import Step
 from ..units import format_size
-from .base import _EMPTY, Plan, setting
+from .base import _EMPTY, Plan, register, setting
 
 class SampleAheadPlan(Plan):
     """Random batches sampled `lookahead` at a time, then fetched for the chunk at once
@@ -75,12 +75,15 @@ class SampleAheadPlan(Plan):
         return 0
 
 
+@register
 class GinexPlan(SampleAheadPlan):
     """Ginex (§3-4): superbatches of S sampled mini-batches; the neighbour cache (Ginex's out/in-degree
     score, §4) holds lists on a disk topology; a feature cache of what the budget leaves follows the
     Belady changesets of each superbatch (§3.4), executed: switch to its init, then per batch gather
     (misses read, coalesced) and apply its changeset."""
+    listed = 4
     name, source, size_flag = "ginex", "Ginex §3-4", "superbatch"
+    grid = tuple({"superbatch": s} for s in (2, 4, 16))
     neighbour_cache_default = 0.5   # the artifact README's run gives both caches the same size
     change_bytes = 12             # in ids, out ids and positions, int32, at most one each per input row
 
@@ -129,12 +132,15 @@ class GinexPlan(SampleAheadPlan):
         return self.cache_rows
 
 
+@register
 class MacrobatchPlan(SampleAheadPlan):
     """BatchGNN (§4): macrobatches of k sampled mini-batches share one deduplicated, coalesced fetch of
     their input rows' union (into one of two buffers: the next macrobatch is sampled and fetched while
     this one trains); optionally the budget's remainder holds a static cache of the highest-degree rows
     (PaGraph's), which the fetches skip."""
+    listed = 5
     name, source, size_flag = "macrobatch", "BatchGNN §4", "macrobatch"
+    grid = tuple({"macrobatch": k} for k in (1, 2, 4, 8))
     fetch_reads_ahead, pipeline = True, True
 
     @dataclass
