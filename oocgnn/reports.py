@@ -32,9 +32,9 @@ def stamp(notebook) -> str:
     the real datasets beside the project (their names and sizes)."""
     h = hashlib.sha256()
     h.update(Path(notebook).read_bytes())
-    for path in sorted((REPO / "oocgnn").glob("*.py")) + [REPO / "requirements.txt"]:
+    for path in sorted((REPO / "oocgnn").rglob("*.py")) + [REPO / "requirements.txt"]:   # subpackages too
         if path.is_file():
-            h.update(path.name.encode() + b"\0" + path.read_bytes())
+            h.update(path.relative_to(REPO).as_posix().encode() + b"\0" + path.read_bytes())
     datasets = REPO.parent / "shared" / "datasets"
     for path in sorted(datasets.glob("*.npz")) if datasets.is_dir() else []:
         h.update(f"{path.name}:{path.stat().st_size}".encode())

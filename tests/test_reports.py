@@ -132,3 +132,23 @@ def test_two_at_a_time_from_another_directory_with_a_failing_notebook(tmp_path, 
     assert "executed 1 of 2" in r.stdout
     assert current_report(good, tmp_path / "executed") is not None
     assert not (tmp_path / "executed" / "bad.ipynb").exists()
+
+
+def test_the_stamp_follows_the_library_in_its_subpackages(tmp_path, monkeypatch):
+    """A report made before a policy module (in `oocgnn/policies/`) changed is not current: the stamp hashes
+    every module of the package, subpackages included, by its path."""
+    import oocgnn.reports as reports
+    repo = tmp_path / "repo"
+    (repo / "oocgnn" / "policies").mkdir(parents=True)
+    (repo / "oocgnn" / "train.py").write_text("x = 1\n")
+    module = repo / "oocgnn" / "policies" / "outre.py"
+    module.write_text("y = 1\n")
+    monkeypatch.setattr(reports, "REPO", repo)
+    nb = _notebook(tmp_path / "a.ipynb", "print(2)")
+    before = stamp(nb)
+    module.write_text("y = 2\n")
+    assert stamp(nb) != before
+    module.write_text("y = 1\n")
+    assert stamp(nb) == before
+    module.rename(repo / "oocgnn" / "policies" / "outre2.py")
+    assert stamp(nb) != before
