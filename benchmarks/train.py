@@ -66,12 +66,6 @@ VARIANTS = {              # the baselines keep the topology in memory whatever -
     "marius-beta": ("marius", {"ordering": "beta"}),
     "composed": ("composed", {"passes": 2.0, "history_ratio": 0.1}),
 }
-PATTERN = {"mmap": "page faults, one at a time", "hierbatching": "sequential part ranges (+ static ids once)",
-           "outre": "scattered cache misses, many in flight", "inmemory": "nothing",
-           "ginex": "Belady cache misses + superbatch switches, many in flight",
-           "macrobatch": "one coalesced union read per macrobatch, in the background",
-           "marius": "sequential partitions + edge buckets, in the background",
-           "composed": "sequential part ranges + Belady cache misses outside them, many in flight"}
 DEFAULT_POLICIES = "inmemory,mmap,hierbatching,hierbatching-p1,outre,ginex,macrobatch,marius"
 
 
@@ -585,7 +579,7 @@ def main(argv=None):
             frac = f"{r['vs_limit']:.2f}x the sequential limit"
         else:
             frac = f"{r['iops_io']:,.0f} pages/s = {r['vs_limit']:.2f}x the random 4K limit"
-        print(f"  {r['config']:<16} {PATTERN[VARIANTS[r['config']][0]]}: {r['mbs_io']:,.0f} MiB/s inside reads "
+        print(f"  {r['config']:<16} {POLICIES[VARIANTS[r['config']][0]].io_pattern or '?'}: {r['mbs_io']:,.0f} MiB/s inside reads "
               f"({frac}); {r['mbs_train']:,.0f} MiB/s over train time; {fmt_bytes(r['bytes_epoch'])} an epoch "
               f"= {r['bytes_epoch'] / feat_bytes:.1f}x the feature file")
     print(f"\nloadavg at end: {loadavg()}; benchmark wall time {time.perf_counter() - t_all:.0f} s")

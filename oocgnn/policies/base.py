@@ -146,6 +146,7 @@ class Plan:
         """Feature slots a replacement policy drives (the last of `capacity()`): a Belady cache's."""
         return 0
 
+    io_pattern = ""          # how its reads look on the disk, in words (benchmarks print it beside the rates)
     listed = 100.0           # where `POLICIES` lists the policy (the seed's policies first, in the papers' order)
     grid = ({},)             # the tuner's knobs to try (`oocgnn.tune`); values whose plans do not fit are dropped
 

@@ -10,6 +10,7 @@ class InMemoryPlan(Plan):
     """Every feature row resident (the NS baseline of HierBatching and Ginex); no budget applies."""
     listed = 0
     name, source, budgeted = "inmemory", "NS baseline", False
+    io_pattern = "nothing"
 
     def setup(self):
         data = ("features", "adjacency") if self.topology == "memory" else ("features",)
@@ -26,3 +27,4 @@ class MmapPlan(Plan):
     simulator's count (every batch's rows, no cache) is an upper bound, not a prediction."""
     listed = 1
     name, source, reader, budgeted, exact_io = "mmap", "PyG+/DGL over mmap", "mmap", False, False
+    io_pattern = "page faults, one at a time"

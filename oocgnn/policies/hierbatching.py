@@ -35,6 +35,7 @@ class HierBatchingPlan(Plan):
     slices of indices.bin) and the static nodes' lists stay with theirs."""
     listed = 2
     name, source, induces = "hierbatching", "HierBatching Alg. 1", True
+    io_pattern = "sequential part ranges (+ static ids once)"
     grid = tuple({"parts_per_megabatch": n, "passes": p} for n in (4, 8, 16, 32, 64, 128, 256, 512) for p in (1.0, 2.0))
 
     @dataclass

@@ -21,6 +21,7 @@ class MariusPlan(Plan):
     (evaluation reads lists as every policy's does). c defaults to the most partitions the budget holds."""
     listed = 6
     name, source, induces, partition_buffer = "marius", "MariusGNN §3, §5", True, True
+    io_pattern = "sequential partitions + edge buckets, in the background"
     grid = ({"ordering": "comet"}, {"ordering": "beta"})
 
     @dataclass

@@ -19,6 +19,7 @@ class OutrePlan(Plan):
     schedule (sampling seed + 1), run when the plan is built: it samples, reading lists but no rows."""
     listed = 3
     name, source, neighbour_cache_default = "outre", "OUTRE §4.2-4.4", 0.1
+    io_pattern = "scattered cache misses, many in flight"
     grid = tuple({"parts_per_macro": k} for k in (10, 20, 40))
 
     @dataclass

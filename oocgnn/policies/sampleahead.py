@@ -83,6 +83,7 @@ class GinexPlan(SampleAheadPlan):
     (misses read, coalesced) and apply its changeset."""
     listed = 4
     name, source, size_flag = "ginex", "Ginex §3-4", "superbatch"
+    io_pattern = "Belady cache misses + superbatch switches, many in flight"
     grid = tuple({"superbatch": s} for s in (2, 4, 16))
     neighbour_cache_default = 0.5   # the artifact README's run gives both caches the same size
     change_bytes = 12             # in ids, out ids and positions, int32, at most one each per input row
@@ -140,6 +141,7 @@ class MacrobatchPlan(SampleAheadPlan):
     (PaGraph's), which the fetches skip."""
     listed = 5
     name, source, size_flag = "macrobatch", "BatchGNN §4", "macrobatch"
+    io_pattern = "one coalesced union read per macrobatch, in the background"
     grid = tuple({"macrobatch": k} for k in (1, 2, 4, 8))
     fetch_reads_ahead, pipeline = True, True
 
