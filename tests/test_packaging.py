@@ -48,7 +48,7 @@ def test_pyproject_declares_every_runtime_import():
     project = _project()
     declared = {d.split(">")[0].split("=")[0].split("<")[0].strip().lower() for d in project["dependencies"]}
     extras = project["optional-dependencies"]
-    for path in sorted((REPO / "oocgnn").glob("*.py")):
+    for path in sorted((REPO / "oocgnn").rglob("*.py")):          # subpackages too (oocgnn/policies/)
         for name in _third_party_imports(path):
             if name in OPTIONAL:
                 assert any(name.lower() in d.lower() for d in extras[OPTIONAL[name]]), (path.name, name)
