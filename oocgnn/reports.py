@@ -3,7 +3,7 @@
 `python -m oocgnn.reports [NOTEBOOK ...] [--out notebooks/executed] [--jobs 2]` executes each notebook
 top to bottom into `--out` with papermill (the source is never edited: STYLE 16), figures going to
 `<out>/figures` so the committed `figures/` stay as `make notebooks` left them. Each executed copy
-carries a stamp: a hash of its source notebook, of the library's code (oocgnn/*.py), of the pinned
+carries a stamp: a hash of its source notebook, of the library's code (every module of oocgnn/, subpackages included), of the pinned
 stack and of the real datasets present. `notebooks/conftest.py` lets nbval check the outputs of an
 executed copy whose stamp is current instead of executing the notebook a second time; any other
 notebook nbval executes as usual.
