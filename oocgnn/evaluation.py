@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 import tempfile
 
+import numba
 import numpy as np
 import torch
 
@@ -30,6 +31,27 @@ from .device import autocast
 
 READ_CHUNK = 64 << 20        # bytes of input rows read per call
 DST_CHUNK = 8192             # destination nodes per layer call
+
+
+@numba.njit(nogil=True, cache=True)
+def _permute_rows(rows, perm):
+    """rows[i] <- rows[perm[i]] for a permutation `perm`, in place (cycle by cycle, one row of scratch): a
+    spilled table's rows come back in file order and leave in the block's order without a second copy."""
+    done = np.zeros(len(perm), dtype=np.bool_)
+    tmp = np.empty(rows.shape[1], dtype=rows.dtype)
+    for start in range(len(perm)):
+        if done[start]:
+            continue
+        tmp[:] = rows[start]
+        i = start
+        while True:
+            done[i] = True
+            j = perm[i]
+            if j == start:
+                rows[i] = tmp
+                break
+            rows[i] = rows[j]
+            i = j
 
 
 class _Table:
@@ -76,7 +98,11 @@ class _Table:
             got = os.preadv(fd, [flat[a * row:b * row]], int(uniq[a]) * row)
             if got != (b - a) * row:
                 raise OSError(f"short read of a spilled evaluation table: {got} of {(b - a) * row} bytes")
-        return out[inverse.reshape(-1)]
+        inverse = inverse.reshape(-1)
+        if len(uniq) == len(pos):                  # a block's sources: distinct, so a permutation, in place
+            _permute_rows(out, inverse)
+            return out
+        return out[inverse]
 
     def all_rows(self) -> torch.Tensor:
         return self.rows if self.in_ram else torch.from_numpy(self._read(np.arange(len(self.ids))))

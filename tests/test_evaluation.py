@@ -125,3 +125,14 @@ def test_a_spilled_table_is_not_mapped_into_the_process():
     assert _rss_file() - before < 8 << 20
     assert torch.equal(got[:, 0], torch.from_numpy((np.arange(0, n, 7) // 4096 * 4096).astype(np.float32)))
     table.close()
+
+
+def test_rows_are_permuted_in_place_as_fancy_indexing_would():
+    from oocgnn.evaluation import _permute_rows
+    rng = np.random.default_rng(4)
+    for n in (1, 2, 7, 500):
+        rows = rng.random((n, 5)).astype(np.float32)
+        perm = rng.permutation(n)
+        want = rows[perm]
+        _permute_rows(rows, perm)
+        assert np.array_equal(rows, want)
