@@ -38,7 +38,7 @@ from .rundir import RunDir, read_json
 from .runtime import Runtime
 from .sampler import Sampler
 from .store import open_store
-from .units import format_size, peak_rss, reset_peak_rss, return_freed_memory
+from .units import format_size, peak_rss, reset_peak_rss
 
 LOG_COLUMNS = ["wall_s", "epoch", "step", "train_loss", "val_acc", "test_acc",
                "bytes_read", "requests", "peak_rss"]
@@ -148,7 +148,6 @@ def train(cfg: TrainConfig) -> dict:
     state every so many steps; `cfg.resume` (a run directory) continues such a run from its last
     checkpoint, with the configuration it was started with, and ends with the same losses as an
     uninterrupted run."""
-    return_freed_memory()                          # freed step arrays leave the RSS (a run's peak is bounded)
     if cfg.distributed:                            # one rank of a torchrun job (`oocgnn.disttrain`)
         from .disttrain import train_distributed
         return train_distributed(cfg)

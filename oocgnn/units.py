@@ -70,23 +70,3 @@ def reset_peak_rss() -> bool:
         return True
     except OSError:
         return False
-
-
-MMAP_THRESHOLD = 1 << 20      # bytes: allocations this large get their own mapping, unmapped when freed
-
-
-def return_freed_memory(threshold: int = MMAP_THRESHOLD) -> bool:
-    """Make glibc's malloc give freed arrays of `threshold` bytes or more back to the OS at once.
-
-    By default glibc raises its mmap threshold to the size of the last large block freed (up to 32 MiB),
-    so a step's 1-32 MiB arrays (gathered rows, masks, blocks) come from the heap and stay in the RSS
-    once freed, fragmented: 0.12 GiB of peak RSS in an epoch of OUTRE on xlarge. A fixed threshold
-    (`mallopt(M_MMAP_THRESHOLD)`, which also stops the adjustment) bounds the process by what it holds.
-    False where there is no glibc (the run goes on with the allocator's default)."""
-    import ctypes
-    import ctypes.util
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        return bool(libc.mallopt(-3, int(threshold)))       # M_MMAP_THRESHOLD
-    except (OSError, AttributeError):
-        return False

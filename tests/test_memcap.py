@@ -142,31 +142,3 @@ def test_no_controller(monkeypatch):
     with memcap.MemoryCap(64 * MiB) as cap:
         pass
     assert not cap.enforced and cap.reason == "no memory controller"
-
-
-_FRAGMENT = """
-import sys
-import numpy as np
-from oocgnn.units import return_freed_memory
-def anon():
-    for line in open("/proc/self/status"):
-        if line.startswith("RssAnon:"):
-            return int(line.split()[1]) << 10
-if sys.argv[1] == "1":
-    assert return_freed_memory()
-big = np.ones(16 << 20, np.uint8); del big           # glibc's default: the threshold rises to 16 MiB
-before = anon()
-arrays = [np.ones(2 << 20, np.uint8) for _ in range(20)]
-del arrays[::2]                                       # every other 2 MiB array freed: holes in the heap
-print((anon() - before) >> 20)
-"""
-
-
-def test_freed_arrays_leave_the_rss_of_a_training_process():
-    """`units.return_freed_memory` (what `train` calls first): ten 2 MiB arrays freed among ten kept leave
-    20 MiB resident, not the 40 MiB glibc's raised mmap threshold keeps as heap holes."""
-    if not os.path.exists("/proc/self/status"):
-        pytest.skip("needs /proc")
-    grew = [int(subprocess.run([sys.executable, "-c", _FRAGMENT, flag], capture_output=True, text=True,
-                               check=True).stdout) for flag in ("0", "1")]
-    assert grew[1] <= 22, grew                        # glibc's default here: 39
