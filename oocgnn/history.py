@@ -52,6 +52,21 @@ def history_prune(blocks, history_mask):
     return need, expanded, skipped
 
 
+class FreshAt:
+    """`stamps.fresh_mask(t)[ids]` for any ids, read through the slot table (`HistoryStamps.fresh_at`)."""
+
+    def __init__(self, stamps, t):
+        self.stamps, self.t = stamps, t
+
+    def __getitem__(self, ids) -> np.ndarray:
+        s = self.stamps.slot[ids]
+        ok = s >= 0
+        if not ok.any():
+            return ok
+        stamp = self.stamps.stamp[np.where(ok, s, 0)]
+        return ok & (stamp >= 0) & (self.t - stamp < self.stamps.staleness)
+
+
 class HistoryStamps:
     """Which candidates hold a reusable history: `slot` int32 [N] (−1: not a candidate), `stamp`
     int64 [k] (−1: empty).
@@ -84,6 +99,11 @@ class HistoryStamps:
         out.stamp, out.stats = self.stamp.copy(), dict(self.stats)
         return out
 
+    def fresh_at(self, t: int) -> "FreshAt":
+        """`fresh_mask(t)` as a view indexed by node ids: what `history_prune` reads of it, without N bools
+        built (and freed) for every batch — 28 MB a batch on xlarge, which fragmented the heap."""
+        return FreshAt(self, int(t))
+
     def fresh_mask(self, t: int) -> np.ndarray:
         """bool [N]: candidates whose history may be reused at iteration t."""
         ok = (self.stamp >= 0) & (int(t) - self.stamp < self.staleness)
@@ -93,7 +113,7 @@ class HistoryStamps:
 
     def plan(self, blocks, t: int, prune=True) -> "HistoryPlan":
         """SKIP/PUSH decisions of one sampled batch at iteration t (and its pruned blocks if `prune`)."""
-        fresh = self.fresh_mask(t)
+        fresh = self.fresh_at(t)
         need, expanded, skipped = history_prune(blocks, fresh)
         pruned = None
         if prune:   # per-level expansion: history_prune on the suffix blocks[i:] yields blocks[i]'s expanded dst

@@ -197,3 +197,16 @@ def test_errors(env):
         forward_with_history(_model("sage", 2, store), plan, x, other)
     with pytest.raises(UserError):
         cache.plan(blocks[-1:], 0)                              # one layer: nothing to cache
+
+
+def test_the_fresh_view_reads_as_the_mask():
+    """`fresh_at(t)[ids]` (what pruning reads, no N-long mask per batch) equals `fresh_mask(t)[ids]`."""
+    from oocgnn.history import HistoryStamps
+    rng = np.random.default_rng(3)
+    stamps = HistoryStamps(rng.choice(1000, 120, replace=False), staleness=5, num_nodes=1000)
+    stamps.stamp[:] = rng.integers(-1, 20, len(stamps.stamp))
+    ids = rng.integers(0, 1000, 700)
+    for t in (0, 4, 10, 19, 30):
+        assert np.array_equal(stamps.fresh_at(t)[ids], stamps.fresh_mask(t)[ids])
+    empty = HistoryStamps(np.empty(0, np.int64), staleness=5, num_nodes=1000)
+    assert not empty.fresh_at(3)[ids].any()
