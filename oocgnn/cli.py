@@ -326,8 +326,9 @@ def _add_settings(parser, exclude=()):
         else:
             target = groups[owner]
         flag, help = "--" + name.replace("_", "-"), f.metadata["help"]
-        kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))   # with or without
-        if kind == "bool":                          # `from __future__ import annotations` in the policy's module                        # on by default: --no-X turns it off
+        # the type's name, whether the policy's module postpones annotations (a string) or not (a class)
+        kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
+        if kind == "bool":                          # on by default: --no-X turns it off
             off = f.default
             target.add_argument(f"--no-{flag[2:]}" if off else flag, dest=name, default=None,
                                 action="store_false" if off else "store_true",

@@ -161,8 +161,7 @@ class TrainConfig:
     @classmethod
     def create(cls, **settings) -> "TrainConfig":
         """A config from settings by name, top-level or a policy's (`parts_per_megabatch=16`)."""
-        top, nested = _route(settings)
-        return cls(**top, **{p: POLICIES[p].Options(**kw) for p, kw in nested.items()})
+        return cls(**settings)                    # __init__ routes them (`_settings_by_name`)
 
     def replace(self, **settings) -> "TrainConfig":
         """A copy with settings changed by name, top-level or a policy's."""

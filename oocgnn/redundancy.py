@@ -243,7 +243,6 @@ def history_nodes(store, fraction, by="degree", fanouts=(10, 10), beta=0.0, prof
 
 
 
-
 def choose_history_split(saved_feat, saved_hist, budget, d_feat, d_embed, table_feat=0, table_hist=0,
                          feat_score=None, hist_score=None, overlap=None, step=0.01) -> tuple[float, pd.DataFrame]:
     """OUTRE Eq. 5 (§4.4): the share α of `budget` bytes for historical embeddings, 1 − α for the feature

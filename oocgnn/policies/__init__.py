@@ -25,6 +25,9 @@ and what plans share live in `base`, each policy family in its own module.
 """
 from __future__ import annotations
 
+import importlib
+import pkgutil
+
 from ..errors import UserError
 from ..schedules import make_schedule
 from .base import REGISTRY, HistorySpec, Plan, SchedulePlan, fraction_or_auto, register, setting, shared
@@ -35,18 +38,15 @@ from .marius import MariusPlan
 from .outre import OutrePlan
 from .sampleahead import GinexPlan, MacrobatchPlan, SampleAheadPlan
 
-__all__ = ["POLICIES", "REGISTRY", "register", "make_plan", "as_plan", "Plan", "SchedulePlan", "HistorySpec", "setting", "shared",
-           "fraction_or_auto", "InMemoryPlan", "MmapPlan", "HierBatchingPlan", "OutrePlan", "SampleAheadPlan",
+__all__ = ["POLICIES", "REGISTRY", "register", "make_plan", "as_plan", "Plan", "SchedulePlan", "HistorySpec",
+           "setting", "shared", "fraction_or_auto", "InMemoryPlan", "MmapPlan", "HierBatchingPlan", "OutrePlan", "SampleAheadPlan",
            "GinexPlan", "MacrobatchPlan", "MariusPlan", "ComposedPlan", "STATIC_RATIO", "STATIC_SHARE",
            "static_ratio_for", "resolve_static_ratio"]
-
 
 
 def _import_every_module():
     """Import each module of this package: a policy is a module with a `@register`ed plan, listed by
     dropping it here (no other file names it)."""
-    import importlib
-    import pkgutil
     for module in pkgutil.iter_modules(__path__):
         importlib.import_module(f"{__name__}.{module.name}")
 
