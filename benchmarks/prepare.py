@@ -246,23 +246,29 @@ def base_rss() -> int:
 
 
 def extrapolate(table, memories, scale):
-    """ogbn-papers100M predicted from the fixture at `scale`: time and disk linear in the size; peak RSS = the
-    imports' + the prepare memory + the rest measured per node."""
+    """ogbn-papers100M predicted from the fixture at `scale`: time and disk linear in the size; the bounded
+    rows at the smallest --prepare-memory its nodes allow (`csrbuild.sort_memory`: their per-node arrays
+    + a 256 MiB sort), peak RSS = the imports' + that budget times the share of its budget this run's peak
+    took beyond the imports."""
+    from oocgnn.csrbuild import NODE_BYTES
     n = max(1000, int(PAPERS100M["nodes"] * scale))
     base = base_rss()
+    least = NODE_BYTES * PAPERS100M["nodes"] + (256 << 20)
     print(f"\nogbn-papers100M ({PAPERS100M['nodes'] / 1e6:.0f}M nodes, {PAPERS100M['edges'] / 1e9:.2f}B raw edges, "
           f"{PAPERS100M['nodes'] * PAPERS100M['dim'] * 4 / 1e9:.0f} GB of features) predicted from the fixture "
-          f"at {scale:g} of its size, on this machine:")
+          f"({n / 1e6:.2f}M nodes) at {scale:g} of its size, on this machine; its smallest --prepare-memory is "
+          f"{least / GIB:.1f} GiB ({NODE_BYTES} B a node + a 256 MiB sort):")
     for memory in memories:
         row = table.ok(memory)
         if not row:
             continue
-        per_node = max(0, row["peak_rss"] - row["budget"] - base) / n
-        rss = base + row["budget"] + per_node * PAPERS100M["nodes"] if row["budget"] else \
-            base + (row["peak_rss"] - base) / scale
+        if row["budget"]:
+            share = max(0, row["peak_rss"] - base) / row["budget"]
+            rss, how = base + share * least, f"imports {base / GIB:.2f} GiB + {share:.2f} x {least / GIB:.1f} GiB"
+        else:
+            rss, how = base + (row["peak_rss"] - base) / scale, f"imports {base / GIB:.2f} GiB + the rest x {1 / scale:g}"
         print(f"  --prepare-memory {memory:<6} {row['seconds'] / scale / 60:6.0f} min, peak RSS {rss / GIB:5.1f} GiB "
-              f"(imports {base / GIB:.2f} GiB + the sort's memory + {per_node:.0f} B a node), disk {row['peak_disk'] / scale / 1e9:5.0f} GB "
-              f"beside the raw files")
+              f"({how}), disk {row['peak_disk'] / scale / 1e9:5.0f} GB beside the raw files")
 
 
 if __name__ == "__main__":

@@ -40,8 +40,8 @@ def _cmd_prepare(args):
 
 
 def prepare_memory(text):
-    """`--prepare-memory`: bytes for sorting edges (None: sort them all in memory, for 0); auto is a quarter
-    of this machine's RAM, at most 4 GiB."""
+    """`--prepare-memory`: bytes the prepare may hold, its per-node arrays and the edge sort (None: sort the
+    edges all in memory, for 0); auto is a quarter of this machine's RAM, at most 4 GiB."""
     from .units import parse_size
     if str(text).strip().lower() == "auto":
         ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
@@ -59,10 +59,14 @@ def _prepare(args, out, method, split, memory, work):
     from .store import write_store
     from .synthetic import generate
     t0 = time.perf_counter()
-    if args.source == "synthetic" and method == "metis":        # refused before the graph is made, not after
+    if args.source == "synthetic":                  # refused before the graph is made, not after
+        from .csrbuild import sort_memory
         from .synthetic import preset
         cfg = preset(args.preset, seed=args.seed)
-        _check_metis_fits(cfg.num_nodes, int(cfg.num_nodes * cfg.avg_degree), memory)
+        if memory:
+            sort_memory(memory, cfg.num_nodes)
+        if method == "metis":
+            _check_metis_fits(cfg.num_nodes, int(cfg.num_nodes * cfg.avg_degree), memory)
     bounded = {"prepare_memory": memory, "workdir": work} if memory else {}
     if args.source == "synthetic":
         data = generate(args.preset, seed=args.seed, progress=not args.quiet, **bounded)
@@ -361,9 +365,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="scale each feature row to sum 1 (.npz sources; usual for bag-of-words)")
     pr.add_argument("--quiet", action="store_true", help="no progress bar")
     pr.add_argument("--prepare-memory", default="auto",
-                    help="bytes for sorting the edges: they go to sorted runs on disk in pieces this large and "
-                         "are merged by source range (the same store, the edge list never held whole); 0 sorts "
-                         "them all in memory (default auto: a quarter of the RAM, at most 4GiB)")
+                    help="bytes the prepare may hold: its per-node arrays (~144 B a node) first, the rest sorts "
+                         "the edges in runs on disk merged by source range (the same store, the edge list never "
+                         "held whole); peak RSS stays within it + 1 GiB. 0 sorts them all in memory (default "
+                         "auto: a quarter of the RAM, at most 4GiB)")
     pr.add_argument("--partitioner", default="none",
                     help="metis | fennel | random | none (default none): relabel nodes so each part "
                          "is a contiguous store-id range; results cached in data/partitions")

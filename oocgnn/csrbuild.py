@@ -27,8 +27,24 @@ import numpy as np
 from .datasets import index_dtype
 from .errors import UserError
 from .io import release_pages
+from .units import format_size
 
 KEY_BYTES = 36      # per key held: the key, its copies in the concatenation and deduplication, rows and masks
+# What a prepare holds per node besides the sort, measured (benchmarks/prepare.py on the papers100M fixture):
+# labels, degrees, the partition, the order and its inverse, the relabelled indptr while the store is written
+NODE_BYTES = 144
+
+
+def sort_memory(prepare_memory: int, num_nodes: int) -> int:
+    """What `--prepare-memory` leaves the edge sort once the prepare's per-node arrays have theirs
+    (`NODE_BYTES` a node: they are held whatever the sort is given); refuses a budget they do not fit."""
+    need = NODE_BYTES * int(num_nodes)
+    if prepare_memory - need < 1024:
+        raise UserError(f"--prepare-memory {format_size(prepare_memory)} is too small for {num_nodes:,} nodes: a "
+                        f"prepare holds about {NODE_BYTES} bytes a node besides the edge sort "
+                        f"({format_size(need)}); give at least {format_size(need + (256 << 20))} (the sort "
+                        f"then gets 256 MiB; more sorts in fewer runs)")
+    return prepare_memory - need
 
 
 class CSRBuilder:
@@ -89,16 +105,19 @@ class CSRBuilder:
                     b = max(a + 1, int(np.searchsorted(bound, base + self.run_keys, side="right")))
                     b = min(b, n)
                     hi = np.int64(b) * np.int64(n)
-                    parts = []
+                    # each run released as soon as it is read: a fault in a map brings in its read-ahead
+                    # window (8 MiB here), so the searches and slices of 30 runs held 0.3 GB of file pages
+                    ends = []
                     for i, run in enumerate(runs):
-                        j = cursor[i] + int(np.searchsorted(run[cursor[i]:], hi))
-                        if j > cursor[i]:
-                            parts.append(np.asarray(run[cursor[i]:j]))
-                        cursor[i] = j
-                    keys = np.concatenate(parts) if parts else np.empty(0, np.int64)
-                    del parts
-                    for run in runs:                    # what was read of the runs leaves the resident set
+                        ends.append(cursor[i] + int(np.searchsorted(run[cursor[i]:], hi)))
                         release_pages(run)
+                    keys = np.empty(sum(e - c for e, c in zip(ends, cursor)), dtype=np.int64)
+                    at = 0
+                    for i, run in enumerate(runs):
+                        keys[at:at + ends[i] - cursor[i]] = run[cursor[i]:ends[i]]
+                        at += ends[i] - cursor[i]
+                        release_pages(run)
+                    cursor = ends
                     keys = _unique_sorted(keys)
                     rows = keys // n
                     np.cumsum(np.bincount(rows - a, minlength=b - a), out=indptr[a + 1:b + 1])

@@ -141,7 +141,8 @@ def csr_from_edges(src, dst, num_nodes: int, symmetrize: bool = True):
 
 def build_csr(edge_chunks, num_nodes: int, prepare_memory=None, workdir=None, progress=False):
     """The canonical CSR of an iterable of (src, dst) chunks: in memory (`csr_from_edges`) when
-    `prepare_memory` is None, else through `csrbuild.CSRBuilder` under that many bytes, with its runs and
+    `prepare_memory` is None, else through `csrbuild.CSRBuilder` with what that many bytes leave once the
+    prepare's per-node arrays have theirs (`csrbuild.sort_memory`), with its runs and
     the neighbour file (returned memory-mapped, to be kept until the store is written) in `workdir`.
     Both give the same arrays."""
     if prepare_memory is None:
@@ -153,8 +154,8 @@ def build_csr(edge_chunks, num_nodes: int, prepare_memory=None, workdir=None, pr
     if workdir is None:
         raise ValueError("a bounded-memory CSR needs a workdir for its runs and neighbour file")
     from tqdm.auto import tqdm
-    from .csrbuild import CSRBuilder
-    builder = CSRBuilder(num_nodes, workdir, prepare_memory)
+    from .csrbuild import CSRBuilder, sort_memory
+    builder = CSRBuilder(num_nodes, workdir, sort_memory(prepare_memory, num_nodes))
     try:
         with tqdm(desc="sorting edges", unit="edge", unit_scale=True, disable=not progress, leave=False) as bar:
             for src, dst in edge_chunks:

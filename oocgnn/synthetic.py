@@ -129,8 +129,8 @@ def generate(cfg: SyntheticConfig | str = "small", *, prepare_memory: int | None
              progress=False, **overrides) -> GraphData:
     """Build the graph (topology, labels, splits) and a lazy feature source.
 
-    With `prepare_memory` (bytes), the edges stream through `csrbuild.CSRBuilder` (sorted runs under
-    `workdir`, merged by source range) instead of one in-memory sort: the same graph, byte for byte, with
+    With `prepare_memory` (bytes: the prepare's, per-node arrays first, `csrbuild.sort_memory`), the edges
+    stream through `csrbuild.CSRBuilder` (sorted runs under `workdir`, merged by source range) instead of one in-memory sort: the same graph, byte for byte, with
     the edge list never held whole; its neighbour ids are then a memory-mapped file in `workdir`, which
     must outlive the returned data (until the store is written)."""
     cfg = preset(cfg, **overrides) if isinstance(cfg, str) else replace(cfg, **overrides)

@@ -9,6 +9,7 @@ import pytest
 
 from oocgnn.datasets import (GraphData, csr_from_edges, csr_to_edges, load_npz, load_ogb_raw,
                              load_source)
+from oocgnn.csrbuild import NODE_BYTES
 from oocgnn.errors import UserError
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "datasets"
@@ -247,12 +248,12 @@ def test_load_npz_row_normalize(tmp_path):
 
 
 def test_load_ogb_raw_bounded_equals_in_memory(tmp_path):
-    """The edges streamed through sorted runs (a 1 KiB sort budget: a run every few edges) give the
-    in-memory CSR exactly; the runs are gone and the neighbour file is in the workdir."""
+    """The edges streamed through sorted runs (a 1 KiB sort budget beside the per-node arrays: a run every
+    few edges) give the in-memory CSR exactly; the runs are gone and the neighbour file is in the workdir."""
     root = write_ogb(tmp_path / "ogbn_toy")
     work = tmp_path / "work"
     work.mkdir()
-    bounded = load_ogb_raw(root, chunk_rows=3, feature_dir=tmp_path / "fb", prepare_memory=1024, workdir=work)
+    bounded = load_ogb_raw(root, chunk_rows=3, feature_dir=tmp_path / "fb", prepare_memory=NODE_BYTES * N + 1024, workdir=work)
     plain = load_ogb_raw(root, chunk_rows=3, feature_dir=tmp_path / "fp")
     for k in ("indptr", "indices", "labels", "train_idx", "val_idx", "test_idx"):
         assert np.array_equal(np.asarray(getattr(bounded, k)), getattr(plain, k)), k
@@ -289,7 +290,7 @@ def test_load_ogb_binary_layout_equals_the_csv_layout(tmp_path, compressed, pair
     work = tmp_path / "work"
     work.mkdir()
     for g in (load_ogb_raw(root, chunk_rows=3, feature_dir=tmp_path / "fb"),
-              load_ogb_raw(root, chunk_rows=3, feature_dir=tmp_path / "fb2", prepare_memory=1024, workdir=work)):
+              load_ogb_raw(root, chunk_rows=3, feature_dir=tmp_path / "fb2", prepare_memory=NODE_BYTES * N + 1024, workdir=work)):
         assert g.info["layout"] == "binary" and g.name == "ogbn_toy" and g.info["unlabelled_dropped_from_splits"] == 1
         for k in ("indptr", "indices", "labels", "train_idx", "val_idx", "test_idx"):
             assert np.array_equal(np.asarray(getattr(g, k)), getattr(csv, k)), k

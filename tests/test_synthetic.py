@@ -78,6 +78,8 @@ def test_bounded_generation_is_the_same_graph(tmp_path, preset, memory):
     draws first): the in-memory graph exactly, labels and splits included, and the same features."""
     from oocgnn.synthetic import generate
     plain = generate(preset)
+    from oocgnn.csrbuild import NODE_BYTES
+    memory += NODE_BYTES * plain.num_nodes          # the sort gets `memory`, beside the per-node arrays
     bounded = generate(preset, prepare_memory=memory, workdir=tmp_path)
     for k in ("indptr", "labels", "train_idx", "val_idx", "test_idx"):
         assert np.array_equal(getattr(bounded, k), getattr(plain, k)), k
