@@ -25,7 +25,7 @@ from oocgnn.benchtable import BenchTable, add_csv_argument  # noqa: E402
 
 def plain_eq5(plan):
     """α of OUTRE's Eq. 5 as the paper computes it, from the plan's own profiling epoch."""
-    from oocgnn.redundancy import choose_history_split
+    from oocgnn.importance import choose_history_split
     o, n, prof = plan.options, plan.store.num_nodes, plan.profile
     share = plan.split["split_budget"]
     return choose_history_split(prof["accesses"].to_numpy(), prof["saved_gather"].to_numpy(), share,

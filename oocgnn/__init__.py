@@ -3,7 +3,7 @@
 Modules, in data-flow order: datasets, synthetic (sources) -> partition, staticcache -> store (the
 on-disk format) -> io, direct, readers (readers and their I/O accounting), memcap -> schedules,
 policies (a policy is a plan: steps that say what enters and leaves memory), sampler (the sampler
-and the one walk every consumer shares) -> simulate, redundancy, trace, cache, belady, macrobatch,
+and the one walk every consumer shares) -> simulate, redundancy, importance, trace, cache, belady, macrobatch,
 topology (exact I/O and cache replays without reading data) -> runtime, resident, history, ahead
 (sample ahead, then fetch: Ginex, BatchGNN), aggregate and models (torch-native layers on blocks),
 device (where the model runs), train (the executor: the same plan for real) -> sweep, compare (every

@@ -23,6 +23,7 @@ import numba
 import numpy as np
 
 from .atomicdir import swap_in, temp_path, writing
+from .csrsource import CSRSource
 from .errors import UserError
 from .io import page_span, range_chunks, range_requests
 
@@ -120,7 +121,6 @@ class EdgeBuckets:
     @staticmethod
     def _write(store, p, tmp, progress):
         from tqdm.auto import tqdm
-        from .partition import CSRSource
         bounds = physical_offsets(store, p)
         part_of = np.repeat(np.arange(p, dtype=np.int64), np.diff(bounds))
         csr, indptr = CSRSource.of(store), np.asarray(store.indptr, dtype=np.int64)

@@ -55,7 +55,8 @@ def prepare_memory(text):
 def _prepare(args, out, method, split, memory, work):
     from .datasets import load_source
     from .mixing import default_parts
-    from .partition import CSRSource, check_args, order_from_assignment, partition, peak_rss
+    from .csrsource import CSRSource
+    from .partition import check_args, order_from_assignment, partition, peak_rss
     from .store import write_store
     from .synthetic import generate
     t0 = time.perf_counter()
@@ -171,7 +172,8 @@ def _cmd_train(args):
     from .train import train
     cfg = TrainConfig.create(**_settings_from(args))
     if cfg.seeds:
-        from .seeds import format_mean_std, parse_seeds, train_seeds
+        from .config import parse_seeds
+        from .seeds import format_mean_std, train_seeds
         agg = train_seeds(cfg, parse_seeds(cfg.seeds))
         print(f"{agg['run_dir']}: seeds {','.join(map(str, agg['seeds']))}: best val "
               f"{format_mean_std(agg['best_val_acc'])}, test at best val {format_mean_std(agg['test_at_best_val'])}, "

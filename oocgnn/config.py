@@ -129,7 +129,6 @@ class TrainConfig:
         if self.precision not in PRECISIONS:
             raise UserError(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
         if self.seeds:
-            from .seeds import parse_seeds
             self.seeds = ",".join(map(str, parse_seeds(self.seeds)))
         if self.eval_mode not in EVAL_MODES:
             raise UserError(f"eval_mode must be one of {', '.join(EVAL_MODES)}, got {self.eval_mode!r}")
@@ -231,3 +230,14 @@ def _settings_by_name(init):
 
 
 TrainConfig.__init__ = _settings_by_name(TrainConfig.__init__)
+
+
+def parse_seeds(text) -> list:
+    """'0,1,2' -> [0, 1, 2] (distinct non-negative integers)."""
+    try:
+        seeds = [int(s) for s in str(text).replace(" ", "").split(",") if s]
+    except ValueError:
+        raise UserError(f"bad --seeds {text!r}: use comma-separated integers, e.g. 0,1,2") from None
+    if not seeds or min(seeds) < 0 or len(set(seeds)) != len(seeds):
+        raise UserError(f"bad --seeds {text!r}: give distinct non-negative integers, e.g. 0,1,2")
+    return seeds

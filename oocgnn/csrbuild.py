@@ -24,9 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .datasets import index_dtype
 from .errors import UserError
-from .io import release_pages
+from .io import index_dtype, release_pages
 from .units import format_size
 
 KEY_BYTES = 36      # per key held: the key, its copies in the concatenation and deduplication, rows and masks

@@ -12,6 +12,8 @@ from pathlib import Path
 import numpy as np
 
 from .errors import UserError
+from .csrbuild import CSRBuilder, sort_memory
+from .io import index_dtype
 
 
 @dataclass
@@ -103,11 +105,6 @@ def parse_split(text: str):
     return fracs
 
 
-def index_dtype(num_nodes: int):
-    """int32 neighbour ids while they fit, int64 beyond (DESIGN: indices.bin)."""
-    return np.int32 if num_nodes < 2**31 else np.int64
-
-
 def csr_from_edges(src, dst, num_nodes: int, symmetrize: bool = True):
     """Canonical CSR from an edge list: drop self-loops, add reverse edges, dedupe, sort rows.
 
@@ -154,7 +151,6 @@ def build_csr(edge_chunks, num_nodes: int, prepare_memory=None, workdir=None, pr
     if workdir is None:
         raise ValueError("a bounded-memory CSR needs a workdir for its runs and neighbour file")
     from tqdm.auto import tqdm
-    from .csrbuild import CSRBuilder, sort_memory
     builder = CSRBuilder(num_nodes, workdir, sort_memory(prepare_memory, num_nodes))
     try:
         with tqdm(desc="sorting edges", unit="edge", unit_scale=True, disable=not progress, leave=False) as bar:

@@ -34,7 +34,7 @@ from .rankplans import make_rank_plan
 from .device import HostToDevice, resolve_device
 from .errors import UserError
 from .models import build_model
-from .rundir import RunDir, read_json
+from .rundir import RunDir, default_run_dir, read_json, resumed_config
 from .sampler import Sampler
 from .shards import RankData
 from .units import peak_rss
@@ -51,9 +51,8 @@ def train_distributed(cfg) -> dict:
                         "STORE --distributed (RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT are not set)")
     run = None
     if cfg.resume:                                 # every rank reads the checkpoint; rank 0 writes on
-        from .train import _resumed
         run = RunDir.create(cfg.resume, resume=True)
-        cfg = _resumed(cfg, run)
+        cfg = resumed_config(cfg, run)
     device = rank_device(cfg.device)
     dist.init_process_group("gloo", timeout=timedelta(seconds=cfg.dist_timeout))
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -101,7 +100,6 @@ def _owned(ids, bounds, rank):
 def _run(cfg, rank, world, run, device=torch.device("cpu"), grads=None) -> dict:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
-    from .train import default_run_dir
     t_enter = time.perf_counter()
     store = RankData.open(cfg.store, world, rank)     # the shared store's range, or this rank's shard
     if cfg.threads:

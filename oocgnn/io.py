@@ -31,6 +31,11 @@ def page_span(pos, nbytes):
     return pos // PAGE, (pos + nbytes - 1) // PAGE
 
 
+def index_dtype(num_nodes: int):
+    """int32 neighbour ids while they fit, int64 beyond (DESIGN: indices.bin)."""
+    return np.int32 if num_nodes < 2**31 else np.int64
+
+
 def feature_row_stride(row_bytes: int) -> int:
     """On-disk row stride: the next power of two up to 4 KiB (a row never straddles a page), else whole pages."""
     row_bytes = int(row_bytes)

@@ -16,9 +16,14 @@ from pathlib import Path
 
 import pandas as pd
 
+from .config import POLICY_OPTIONS, SETTINGS, TrainConfig
 from .errors import UserError
 
 RUN_FILES = ("config.json", "log.csv", "steps.csv", "summary.json", "checkpoint.pt")
+LOG_COLUMNS = ["wall_s", "epoch", "step", "train_loss", "val_acc", "test_acc",
+               "bytes_read", "requests", "peak_rss"]
+STEP_COLUMNS = ["epoch", "batch", "seconds", "bytes_read", "pages", "requests", "io_seconds",
+                "sample_s", "gather_s", "compute_s"]      # the step's foreground stages (compute: with h2d)
 
 
 def _atomic(path: Path, write):
@@ -104,7 +109,6 @@ def read_json(path: Path) -> dict:
 
 def load_run(path) -> tuple[dict, pd.DataFrame, dict]:
     """(config, log, summary) of a finished run, checked: every file present and readable, from one run."""
-    from .train import LOG_COLUMNS
     path = Path(path)
     if not path.is_dir():
         raise UserError(f"{path} is not a run directory")
@@ -128,3 +132,29 @@ def load_run(path) -> tuple[dict, pd.DataFrame, dict]:
         if key not in cfg:
             raise UserError(f"{path / 'config.json'} has no {key!r}")
     return cfg, log[LOG_COLUMNS], summary
+
+
+def default_run_dir(cfg: TrainConfig) -> Path:
+    return Path("runs") / f"{Path(cfg.store).name}-{cfg.policy}-{cfg.model}-s{cfg.seed}"
+
+
+def resumed_config(cfg: TrainConfig, run: RunDir) -> TrainConfig:
+    """The configuration of the run being resumed (its config.json), on the store given again."""
+    saved = read_json(run.path / "config.json")
+    settings = {k: v for k, v in saved.items() if k in SETTINGS or k in POLICY_OPTIONS}
+    if Path(settings.get("store", "")).resolve() != Path(cfg.store).resolve():
+        raise UserError(f"{run.path} is a run on {settings.get('store')}, not on {cfg.store}")
+    resumed = TrainConfig.create(**{**settings, "resume": cfg.resume, "progress": cfg.progress,
+                                    "threads": cfg.threads, "out": str(run.path)})
+    if cfg.out and Path(cfg.out).resolve() != run.path.resolve():
+        raise UserError(f"--resume continues {run.path} in place; --out {cfg.out} names another directory")
+    defaults = TrainConfig(store=cfg.store)
+    changed = [name for name in SETTINGS if name not in _RESUME_MAY_CHANGE
+               and cfg.get(name) != defaults.get(name) and cfg.get(name) != resumed.get(name)]
+    if changed:
+        raise UserError(f"--resume continues {run.path} with the settings it was started with; "
+                        + ", ".join(f"{n} {cfg.get(n)!r} differs from its {resumed.get(n)!r}" for n in changed))
+    return resumed
+
+
+_RESUME_MAY_CHANGE = {"store", "resume", "progress", "threads", "out", "force", "device"}

@@ -15,22 +15,14 @@ from types import SimpleNamespace
 import numpy as np
 import pandas as pd
 
+from .config import SETTINGS
 from .errors import UserError
+from .rundir import default_run_dir, load_run, resumed_config
+from .train import train
 
 METRICS = ("best_val_acc", "test_at_best_val", "final_val_acc", "final_test_acc", "train_s", "epoch_s",
            "time_to_target_s", "peak_rss")
 CURVE = ("wall_s", "val_acc", "test_acc", "train_loss")
-
-
-def parse_seeds(text) -> list:
-    """'0,1,2' -> [0, 1, 2] (distinct non-negative integers)."""
-    try:
-        seeds = [int(s) for s in str(text).replace(" ", "").split(",") if s]
-    except ValueError:
-        raise UserError(f"bad --seeds {text!r}: use comma-separated integers, e.g. 0,1,2") from None
-    if not seeds or min(seeds) < 0 or len(set(seeds)) != len(seeds):
-        raise UserError(f"bad --seeds {text!r}: give distinct non-negative integers, e.g. 0,1,2")
-    return seeds
 
 
 def mean_std(values) -> dict:
@@ -65,7 +57,6 @@ def aggregate_rows(rows: pd.DataFrame, metrics=("best_val_acc", "test_at_best_va
     """A table of runs (a column `seed`, the others settings or results) reduced over seeds: one row
     per setting (the columns named like settings) with `<metric>_mean`, `<metric>_std` and `seeds` (the
     sweep table's seeds axis)."""
-    from .config import SETTINGS
     keys = [c for c in rows.columns if (c in SETTINGS or c == "policy") and c != "seed" and c not in metrics]
     out = []
     for key, group in rows.groupby(keys, sort=False, dropna=False) if keys else [((), rows)]:
@@ -83,8 +74,6 @@ def train_seeds(cfg, seeds) -> dict:
     naming such a directory (a killed `--seeds` job), the seeds that finished are kept, the one killed
     resumes from its checkpoint (`--checkpoint-every`) and the others run: the same aggregate as a job
     never interrupted."""
-    from .rundir import load_run
-    from .train import _resumed, default_run_dir, train
     if cfg.resume:
         root = Path(cfg.resume)
         if not root.is_dir() or not any((root / f"seed{s}").is_dir() for s in seeds):
@@ -98,7 +87,7 @@ def train_seeds(cfg, seeds) -> dict:
     for seed in seeds:
         run, fresh = root / f"seed{seed}", cfg.replace(seed=seed, seeds="", resume="", out=str(root / f"seed{seed}"))
         if cfg.resume and (run / "summary.json").is_file():           # finished before the job was killed
-            _resumed(cfg.replace(seed=seed, seeds="", resume=str(run), out=""), SimpleNamespace(path=run))
+            resumed_config(cfg.replace(seed=seed, seeds="", resume=str(run), out=""), SimpleNamespace(path=run))
             _, log, summary = load_run(run)
             summaries.append({**summary, "run_dir": str(run), "log": log})
             continue

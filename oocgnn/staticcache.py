@@ -14,7 +14,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from .partition import CSRSource, megabatch_of_part
+from .csrsource import CSRSource
+from .partition import megabatch_of_part
 from .ranking import top_ordered
 
 BUCKETS = (0, 5, 10, 20, 50)     # Fig. 2 groups by in-mega-batch degree: [0,5) [5,10) [10,20) [20,50) [50,∞)

@@ -26,10 +26,12 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from .atomicdir import describe_leftovers, swap_in, temp_path, writing
-from .datasets import GraphData, index_dtype
+from .datasets import GraphData
 from .errors import StoreError, UserError
-from .io import feature_row_stride, release_pages
+from .csrsource import CSRSource
+from .io import feature_row_stride, index_dtype, release_pages
 from .readers import open_reader
+from .topology import NeighbourLists
 from .units import format_size
 
 FORMAT = "oocgnn-store"
@@ -628,11 +630,15 @@ class Store:
         return np.fromfile(self.path / "indices.bin", dtype=self.meta["index_dtype"], count=int(hi - lo),
                            offset=int(lo) * isz)
 
+    def csr_source(self) -> CSRSource:
+        """The topology as a CSR streamed from indices.bin in chunks (partitioners, streaming passes)."""
+        return CSRSource(self.meta["name"], self.indptr, self.train_idx, indices_path=self.path / "indices.bin",
+                         dtype=self.meta["index_dtype"], indices_crc=self.meta["files"]["indices.bin"]["crc32"])
+
     def neighbour_lists(self):
         """Every neighbour list in RAM as the sampler's topology source (`topology.NeighbourLists`), for
         analyses that walk a run without a plan's residency; built once per store object."""
         if getattr(self, "_lists", None) is None:
-            from .topology import NeighbourLists
             self._lists = NeighbourLists.resident(self)
         return self._lists
 

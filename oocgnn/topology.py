@@ -11,10 +11,11 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from .csrsource import CSRSource
+
 
 def _chunks(store):
     """(lo, hi, lists of nodes lo..hi-1) streamed from indices.bin: O(N + chunk) memory."""
-    from .partition import CSRSource
     return CSRSource.of(store).chunks()
 
 

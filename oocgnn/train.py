@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from .config import POLICY_OPTIONS, SETTINGS, TrainConfig
+from .config import TrainConfig
 from .device import LossMeter, autocast, resolve_device
 from .errors import UserError
 from .evaluation import LayerwiseEval
@@ -34,21 +34,13 @@ from .io import IOStats
 from .mixing import mixing
 from .models import build_model
 from .policies import make_plan
-from .rundir import RunDir, read_json
+from .rundir import LOG_COLUMNS, STEP_COLUMNS, RunDir, default_run_dir, read_json, resumed_config
 from .runtime import Runtime
 from .sampler import Sampler
 from .store import open_store
 from .units import format_size, peak_rss, reset_peak_rss
 
-LOG_COLUMNS = ["wall_s", "epoch", "step", "train_loss", "val_acc", "test_acc",
-               "bytes_read", "requests", "peak_rss"]
-STEP_COLUMNS = ["epoch", "batch", "seconds", "bytes_read", "pages", "requests", "io_seconds",
-                "sample_s", "gather_s", "compute_s"]      # the step's foreground stages (compute: with h2d)
 WARMUP_STEPS = 2
-
-
-def default_run_dir(cfg: TrainConfig) -> Path:
-    return Path("runs") / f"{Path(cfg.store).name}-{cfg.policy}-{cfg.model}-s{cfg.seed}"
 
 
 class _Timers:
@@ -111,28 +103,6 @@ def _next_loads(steps) -> list:
     return out
 
 
-def _resumed(cfg: TrainConfig, run: RunDir) -> TrainConfig:
-    """The configuration of the run being resumed (its config.json), on the store given again."""
-    saved = read_json(run.path / "config.json")
-    settings = {k: v for k, v in saved.items() if k in SETTINGS or k in POLICY_OPTIONS}
-    if Path(settings.get("store", "")).resolve() != Path(cfg.store).resolve():
-        raise UserError(f"{run.path} is a run on {settings.get('store')}, not on {cfg.store}")
-    resumed = TrainConfig.create(**{**settings, "resume": cfg.resume, "progress": cfg.progress,
-                                    "threads": cfg.threads, "out": str(run.path)})
-    if cfg.out and Path(cfg.out).resolve() != run.path.resolve():
-        raise UserError(f"--resume continues {run.path} in place; --out {cfg.out} names another directory")
-    defaults = TrainConfig(store=cfg.store)
-    changed = [name for name in SETTINGS if name not in _RESUME_MAY_CHANGE
-               and cfg.get(name) != defaults.get(name) and cfg.get(name) != resumed.get(name)]
-    if changed:
-        raise UserError(f"--resume continues {run.path} with the settings it was started with; "
-                        + ", ".join(f"{n} {cfg.get(n)!r} differs from its {resumed.get(n)!r}" for n in changed))
-    return resumed
-
-
-_RESUME_MAY_CHANGE = {"store", "resume", "progress", "threads", "out", "force", "device"}
-
-
 def _position(runtime, steps, start):
     """Bring the runtime's residency to what it is before step `start`: load that step's group (in the
     foreground: the next group then loads as an uninterrupted run's would, its reads counted alike)."""
@@ -155,7 +125,7 @@ def train(cfg: TrainConfig) -> dict:
     reset_peak_rss()                               # this run's peak, not an earlier run's in this process
     if cfg.resume:
         run = RunDir.create(cfg.resume, resume=True)
-        cfg = _resumed(cfg, run)
+        cfg = resumed_config(cfg, run)
     else:
         run = RunDir.create(Path(cfg.out) if cfg.out else default_run_dir(cfg), force=cfg.force)
     device = resolve_device(cfg.device)            # before any work: a missing GPU is one line

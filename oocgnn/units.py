@@ -70,3 +70,4 @@ def reset_peak_rss() -> bool:
         return True
     except OSError:
         return False
+

@@ -9,7 +9,7 @@ import pytest
 from oocgnn.config import TrainConfig
 from oocgnn.errors import UserError
 from oocgnn.policies import OutrePlan, make_plan
-from oocgnn.redundancy import Meetings, choose_history_split, history_reuse, importance, ranks
+from oocgnn.importance import Meetings, choose_history_split, history_reuse, importance, ranks
 from oocgnn.ranking import top_ids
 from oocgnn.simulate import simulate, summarize
 

@@ -9,7 +9,7 @@ import torch
 from oocgnn.errors import UserError
 from oocgnn.history import HistoryCache, forward_with_history, history_prune
 from oocgnn.models import build_model
-from oocgnn.redundancy import history_nodes
+from oocgnn.importance import history_nodes
 from oocgnn.sampler import Sampler
 from oocgnn.simulate import Layout, count_batch
 

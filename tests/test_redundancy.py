@@ -3,7 +3,8 @@ import numpy as np
 import pytest
 
 from oocgnn.datasets import GraphData, csr_from_edges
-from oocgnn.redundancy import history_nodes, importance, redundancy_ratio, redundancy_table
+from oocgnn.importance import history_nodes, importance
+from oocgnn.redundancy import redundancy_ratio, redundancy_table
 from oocgnn.schedules import make_schedule
 from oocgnn.simulate import simulate
 from oocgnn.store import write_store

@@ -6,8 +6,9 @@ import pandas as pd
 import pytest
 
 from oocgnn.cli import main
+from oocgnn.config import parse_seeds
 from oocgnn.errors import UserError
-from oocgnn.seeds import aggregate_logs, aggregate_rows, mean_std, parse_seeds
+from oocgnn.seeds import aggregate_logs, aggregate_rows, mean_std
 
 
 def test_mean_std_by_hand():

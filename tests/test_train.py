@@ -11,7 +11,8 @@ import pytest
 from oocgnn.config import TrainConfig
 from oocgnn.errors import UserError
 from oocgnn.memcap import probe
-from oocgnn.train import LOG_COLUMNS, STEP_COLUMNS, train
+from oocgnn.rundir import LOG_COLUMNS, STEP_COLUMNS
+from oocgnn.train import train
 
 
 def _run(store, tmp_path, **kw):

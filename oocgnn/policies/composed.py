@@ -70,7 +70,7 @@ class ComposedPlan(SampleAheadPlan, HierBatchingPlan):
     @property
     def history_ratio(self) -> float:
         """r_h: the fraction of nodes that keep a history; `auto` is OUTRE's 0.1 here (OUTRE's Eq. 5 split,
-        `redundancy.choose_history_split`, weighs histories against a static cache, not a Belady one)."""
+        `importance.choose_history_split`, weighs histories against a static cache, not a Belady one)."""
         r = self.options.history_ratio
         return 0.1 if r == "auto" else float(r)
 
@@ -78,7 +78,7 @@ class ComposedPlan(SampleAheadPlan, HierBatchingPlan):
         """OUTRE §4.3's choice, profiled on an epoch of this schedule's batches with another sampling seed
         (over the whole graph: a disk topology holds no mega-batch's lists while profiling)."""
         from copy import copy
-        from ..redundancy import history_nodes
+        from ..importance import history_nodes
         o, schedule = self.options, copy(self.schedule)
         schedule.restricted = False
         return history_nodes(self.store, self.history_ratio, by=o.history_by, fanouts=self.fanouts,

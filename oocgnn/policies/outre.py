@@ -15,7 +15,7 @@ class OutrePlan(Plan):
     """OUTRE (§4.2–4.4): partition micro-batches, static feature cache + direct reads, histories.
 
     `--history-ratio auto` (the default) splits what the budget leaves for the feature cache and the
-    histories by OUTRE Eq. 5 (`redundancy.choose_history_split`) from a profiling epoch of this plan's
+    histories by OUTRE Eq. 5 (`importance.choose_history_split`) from a profiling epoch of this plan's
     schedule (sampling seed + 1), run when the plan is built: it samples, reading lists but no rows."""
     listed = 3
     name, source, neighbour_cache_default = "outre", "OUTRE §4.2-4.4", 0.1
@@ -90,7 +90,7 @@ class OutrePlan(Plan):
         OUTRE counts every meeting, but the first in a staleness window pushes and spares nothing); rows
         both would save count once (`overlap`). d_embed counts a slot's stamp and size_tab the
         histories' slot table (N·4), as `memory()` does."""
-        from ..redundancy import choose_history_split, history_reuse
+        from ..importance import choose_history_split, history_reuse
         o, n = self.options, self.store.num_nodes
         if self.cfg.model == "mlp" or len(self.fanouts) < 2 or share <= 4 * n:
             return 0.0
@@ -110,10 +110,10 @@ class OutrePlan(Plan):
 
     @cached_property
     def profile(self):
-        """OUTRE's profiling epoch (`redundancy.importance`) of this schedule, sampling seed + 1: per node
+        """OUTRE's profiling epoch (`importance.importance`) of this schedule, sampling seed + 1: per node
         its accesses (saved_I/O_feat, what a frequency cache ranks by), pruned-subtree reads
         (saved_gather) and `history_score` (what histories are ranked by: saved_gather or degree)."""
-        from ..redundancy import importance
+        from ..importance import importance
         prof = importance(self.store, self.fanouts, schedule=self.schedule, seed=self.seed + 1,
                           topology=self._profiling_lists())
         prof["history_score"] = self.store.degrees() if self.options.history_by == "degree" \
@@ -122,10 +122,10 @@ class OutrePlan(Plan):
 
     @cached_property
     def held_out(self):
-        """(profile, `redundancy.Meetings`) of another epoch (sampling seed + 2): accesses, and the rows
+        """(profile, `importance.Meetings`) of another epoch (sampling seed + 2): accesses, and the rows
         each hop-1 meeting spares given the histories' ranking, to count the savings of caches chosen
         on `profile` where they were not chosen."""
-        from ..redundancy import importance, ranks
+        from ..importance import importance, ranks
         return importance(self.store, self.fanouts, schedule=self.schedule, seed=self.seed + 2, meetings=True,
                           rank=ranks(self.profile["history_score"].to_numpy()), topology=self._profiling_lists())
 
@@ -145,7 +145,7 @@ class OutrePlan(Plan):
     def _history_nodes(self):
         """Importance is profiled on an epoch of this schedule with another sampling seed."""
         from ..ranking import top_ids
-        from ..redundancy import history_nodes
+        from ..importance import history_nodes
         o = self.options
         if o.history_ratio == "auto":
             return top_ids(self.profile["history_score"].to_numpy(), self.history.count)
