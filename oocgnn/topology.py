@@ -115,10 +115,12 @@ class NeighbourLists:
                             threads=LIST_READ_THREADS)
 
     @classmethod
-    def resident(cls, store):
-        """Every list resident, from the store's own indices array (no reads counted)."""
+    def resident(cls, store, indices=None):
+        """Every list resident, from `indices` (the store's whole neighbour array; default its own cached
+        copy, `Store.indices`), no reads counted."""
         lists = cls(store, capacity=0)
-        lists.buf, lists.offset, lists.all_resident = store.indices, lists.indptr[:-1], True
+        lists.buf = store.indices if indices is None else indices
+        lists.offset, lists.all_resident = lists.indptr[:-1], True
         return lists
 
     def view(self, reader):

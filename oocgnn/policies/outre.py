@@ -51,6 +51,7 @@ class OutrePlan(Plan):
             raise UserError(f"outre needs a partitioned store; {store.path} has 1 part "
                             "(prepare it with --partitioner metis|fennel --parts K)")
         self.split_table = None       # auto: Eq. 5's predicted benefit per α (`choose_history_split`)
+        self._lists_for_profiling = None
         if o.history_ratio != "auto" and o.history_ratio > 0:
             self.history = HistorySpec(int(o.history_ratio * n), self._history_dim(), o.staleness,
                                        self._history_nodes)
@@ -69,6 +70,7 @@ class OutrePlan(Plan):
         self.split = {"cache_split": round(float(alpha), 4), "auto": o.history_ratio == "auto",
                       "split_budget": int(share), "history_rows": self.history.count if self.history else 0,
                       "cache_rows": self.cache_rows}
+        self._forget_profiles()
 
     @property
     def cache_split(self) -> float:
@@ -95,6 +97,7 @@ class OutrePlan(Plan):
         if self.cfg.model == "mlp" or len(self.fanouts) < 2 or share <= 4 * n:
             return 0.0
         prof, (held, met) = self.profile, self.held_out
+        self._lists_for_profiling = None               # sampled from no more: 1.6 GiB on xlarge
         reuse = history_reuse(met, o.staleness, self.cfg.epochs)[met.pair_meeting]   # per spared read
         owner = met.node[met.pair_meeting]
         dim = self._history_dim()
@@ -118,7 +121,7 @@ class OutrePlan(Plan):
                           topology=self._profiling_lists())
         prof["history_score"] = self.store.degrees() if self.options.history_by == "degree" \
             else prof["saved_gather"]               # a column added in place: no copy of the frame
-        return prof
+        return prof[["accesses", "saved_gather", "history_score"]]   # what the plan ranks by (N-long each)
 
     @cached_property
     def held_out(self):
@@ -126,16 +129,36 @@ class OutrePlan(Plan):
         each hop-1 meeting spares given the histories' ranking, to count the savings of caches chosen
         on `profile` where they were not chosen."""
         from ..importance import importance, ranks
-        return importance(self.store, self.fanouts, schedule=self.schedule, seed=self.seed + 2, meetings=True,
-                          rank=ranks(self.profile["history_score"].to_numpy()), topology=self._profiling_lists())
+        held, met = importance(self.store, self.fanouts, schedule=self.schedule, seed=self.seed + 2, meetings=True,
+                               rank=ranks(self.profile["history_score"].to_numpy()), topology=self._profiling_lists())
+        return held[["accesses"]], met               # what the split counts savings on
 
     def _profiling_lists(self):
-        """The runtime's lists when it lent them, else all in memory on a memory topology, else read
+        """The runtime's lists when it lent them, else all in memory on a memory topology (read for the
+        profiling alone: not the store's cached copy, which would stay beside the runtime's own), else read
         from disk as sampled (none kept)."""
         from ..topology import NeighbourLists
-        if self.lists is not None or self.topology == "memory":
-            return self.profile_lists()
+        if self.lists is not None:
+            return self.lists
+        if self.topology == "memory":
+            if self._lists_for_profiling is None:
+                self._lists_for_profiling = NeighbourLists.resident(
+                    self.store, self.store.index_slice(0, self.store.num_edges))
+            return self._lists_for_profiling
         return NeighbourLists(self.store, capacity=0)
+
+    def _forget_profiles(self):
+        """Keep what the auto split chose (the histories' nodes; a frequency cache's rows) and free its two
+        profiling epochs and their lists before any resident is loaded: on xlarge they held 2.6 GiB beside
+        the runtime's own topology all run long (OUTRE's peak 9.3 GiB at a 3.7 GiB budget)."""
+        if "profile" in self.__dict__:
+            if self.history is not None:
+                self.history.candidates                # noqa: B018  (chosen from the profile, then cached)
+            if self.options.feature_cache == "frequency":
+                self.cache_ids                         # noqa: B018
+        self.__dict__.pop("profile", None)
+        self.__dict__.pop("held_out", None)
+        self._lists_for_profiling = None
 
     @cached_property
     def schedule(self):
