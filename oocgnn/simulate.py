@@ -321,8 +321,7 @@ def simulate(store, plan, fanouts=None, epochs=1, seed=0, feature_cache=None, ne
     if plan.cfg is not None or hasattr(plan.schedule, "groups"):   # a policy's plan, or a schedule of groups
         from .mixing import mixing
         df.attrs["mixing"] = mixing(plan)
-    if getattr(plan, "split", None):          # OUTRE §4.4: α and the rows it gave histories and the cache
-        df.attrs["cache_split"] = dict(plan.split)
+    df.attrs["plan"] = plan.describe()            # the policy's own knobs, as a run's summary has them
     return df
 
 

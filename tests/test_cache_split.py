@@ -123,7 +123,7 @@ def test_auto_split_is_within_a_step_of_the_brute_force_best(fennel16, budget):
     assert same.cache_rows == auto.cache_rows and same.memory() == auto.memory()
     assert auto.resident_bytes() <= auto.budget
     df = simulate(store, auto, progress=False)
-    assert df.attrs["cache_split"]["cache_split"] == auto.cache_split
+    assert df.attrs["plan"]["cache_split"] == auto.cache_split
 
 
 def test_auto_is_deterministic_and_mlp_gets_no_histories(fennel16):
