@@ -1,6 +1,7 @@
 """The executor against its oracles: simulated I/O for every plan, memory from the plan, pipelining
 on/off, budgets, and runs that see what they promise."""
 import numpy as np
+import torch
 import pandas as pd
 import pytest
 
@@ -232,3 +233,24 @@ def test_a_run_cut_mid_chunk_reads_what_simulate_counts_for_its_steps(fennel16, 
     cfg = _cfg(fennel16, tmp_path, **{"policy": name, **RUNS[name], "max_steps": 7})
     df = simulate(fennel16, make_plan(fennel16, cfg), epochs=cfg.epochs, steps=7, progress=False)
     _assert_agree(train(cfg), summarize(df).sum(), df.attrs["setup"], exact=True)
+
+
+def test_setup_rows_read_in_chunks_are_one_calls_reads(fennel16, tmp_path):
+    """The setup reads a static cache a chunk at a time (never holding its rows twice), cut where the reader
+    starts a request anyway: the rows land in the same slots, with the same pages and requests as one
+    `read_rows` of them all (what the simulator counts), here in chunks of ~8 rows."""
+    from oocgnn.direct import DirectReader
+    cfg = _cfg(fennel16, tmp_path, policy="outre", history_ratio=0.0)
+    plan = make_plan(fennel16, cfg)
+    runtime = Runtime(fennel16, plan)
+    ids = np.random.default_rng(0).permutation(fennel16.num_nodes)[:300]
+    runtime._place_rows(ids, 5, chunk_bytes=8 * fennel16.row_bytes)
+    got = runtime.cached.gather(torch.from_numpy(ids)).numpy()
+    with DirectReader(fennel16.path / "features.bin", fennel16.num_nodes, fennel16.feat_dim,
+                      row_stride=fennel16.row_stride) as one:
+        want = one.read_rows(ids)
+        assert np.array_equal(got, want)
+        assert np.array_equal(runtime.cached.slot[ids], 5 + np.arange(len(ids)))
+        chunked = runtime.io()
+        assert (chunked.pages, chunked.requests) == (one.stats.pages, one.stats.requests) and chunked.calls > 1
+    runtime.close()
