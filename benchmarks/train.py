@@ -51,21 +51,30 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from oocgnn.benchtable import add_csv_argument  # noqa: E402
+from oocgnn.config import SETTINGS  # noqa: E402
 
 MiB, PAGE = 1 << 20, 4096
-# name -> (policy, TrainConfig overrides)
+# name -> (policy, TrainConfig overrides). Every other setting is the library's default (`config.SETTINGS`);
+# what a variant pins is a paper's value, named here: HierBatching's r_s = 0.01 (App. B) and p = 2, OUTRE's
+# histories for 10 % of the nodes (Table 4), MariusGNN's p = 64 physical partitions on a large graph.
+PAPER = {"static_ratio": 0.01}
 VARIANTS = {              # the baselines keep the topology in memory whatever --topology says
     "inmemory": ("inmemory", {"topology": "auto"}),
     "mmap": ("mmap", {"topology": "auto"}),
-    "hierbatching": ("hierbatching", {"passes": 2.0}),
-    "hierbatching-p1": ("hierbatching", {"passes": 1.0}),
+    "hierbatching": ("hierbatching", {**PAPER, "passes": 2.0}),
+    "hierbatching-p1": ("hierbatching", {**PAPER, "passes": 1.0}),
     "outre": ("outre", {"history_ratio": 0.1}),
     "ginex": ("ginex", {}),
     "macrobatch": ("macrobatch", {}),
-    "marius": ("marius", {"ordering": "comet"}),
-    "marius-beta": ("marius", {"ordering": "beta"}),
-    "composed": ("composed", {"passes": 2.0, "history_ratio": 0.1}),
+    "marius": ("marius", {"ordering": "comet", "physical_parts": 64}),
+    "marius-beta": ("marius", {"ordering": "beta", "physical_parts": 64}),
+    "composed": ("composed", {**PAPER, "passes": 2.0, "history_ratio": 0.1}),
 }
+
+
+def library_default(name):
+    """A setting's default as the library declares it: the benchmark redeclares none."""
+    return SETTINGS[name][1].default
 DEFAULT_POLICIES = "inmemory,mmap,hierbatching,hierbatching-p1,outre,ginex,macrobatch,marius"
 
 
@@ -174,7 +183,8 @@ def choose_megabatch(store, base):
         n_d *= 2
     if best is None:
         from oocgnn.errors import UserError
-        raise UserError(f"no N_d fits a budget of {base['memory_budget']} with r_s={base['static_ratio']}")
+        raise UserError(f"no N_d fits a budget of {base['memory_budget']} with "
+                        f"r_s={base.get('static_ratio', library_default('static_ratio'))}")
     return best
 
 
@@ -333,11 +343,18 @@ def main(argv=None):
                     help=f"configurations to run, comma-separated (default {DEFAULT_POLICIES})")
     ap.add_argument("--parts-per-megabatch", type=int, default=0,
                     help="hierbatching N_d (default 0: the largest power of two that fits the budget)")
-    ap.add_argument("--static-ratio", type=float, default=0.01, help="hierbatching r_s (default 0.01)")
-    ap.add_argument("--superbatch", type=int, default=16, help="ginex S: batches sampled ahead (default 16)")
-    ap.add_argument("--macrobatch", type=int, default=4, help="macrobatch k: batches per fetch (default 4)")
-    ap.add_argument("--physical-parts", type=int, default=64, help="marius p: physical partitions, the store's "
-                                                                   "parts grouped (default 64; c from the budget)")
+    ap.add_argument("--static-ratio", type=float, default=None,
+                    help="hierbatching r_s for every configuration (default: each variant's, the paper's "
+                         f"{PAPER['static_ratio']} for hierbatching and composed, else the library's "
+                         f"{library_default('static_ratio')})")
+    ap.add_argument("--superbatch", type=int, default=library_default("superbatch"),
+                    help=f"ginex S: batches sampled ahead (default {library_default('superbatch')})")
+    ap.add_argument("--macrobatch", type=int, default=library_default("macrobatch"),
+                    help=f"macrobatch k: batches per fetch (default {library_default('macrobatch')})")
+    ap.add_argument("--physical-parts", type=int, default=None,
+                    help="marius p: physical partitions, the store's parts grouped, for every configuration "
+                         f"(default: each variant's, 64 for marius, else the library's "
+                         f"{library_default('physical_parts')}; c from the budget)")
     ap.add_argument("--batch-size", type=int, default=1024, help="mini-batch size (default 1024)")
     ap.add_argument("--topology", default="auto",
                     help="where the out-of-core configurations keep the neighbour lists: memory | disk | auto "
@@ -411,17 +428,28 @@ def main(argv=None):
     base = {"store": str(store.path), "model": args.model, "epochs": 1, "fanouts": args.fanouts,
             "device": args.device, "precision": args.precision,
             "batch_size": args.batch_size, "memory_budget": args.budget, "eval_every": 10**9,
-            "max_eval_nodes": args.eval_nodes, "seed": 0, "static_ratio": args.static_ratio, "progress": False,
-            "superbatch": args.superbatch, "macrobatch": args.macrobatch, "physical_parts": args.physical_parts,
+            "max_eval_nodes": args.eval_nodes, "seed": 0, "progress": False,
+            "superbatch": args.superbatch, "macrobatch": args.macrobatch,
             "topology": args.topology, "force": True}   # the benchmark owns out_dir (rounds reuse it)
-    try:
-        n_d = base["parts_per_megabatch"] = args.parts_per_megabatch or choose_megabatch(store, base)
-    except UserError as e:                        # the configurations with mega-batches are rows saying so
-        n_d, no_megabatch = None, e
+    given = {k: v for k, v in (("static_ratio", args.static_ratio), ("physical_parts", args.physical_parts))
+             if v is not None}                    # flags given override every variant's pinned value
+    megabatches = {}                              # r_s -> N_d, or the UserError saying none fits
+
+    def n_d_for(cfg):
+        r_s = cfg.get("static_ratio", library_default("static_ratio"))
+        if r_s not in megabatches:
+            try:
+                megabatches[r_s] = args.parts_per_megabatch or choose_megabatch(store, cfg)
+            except UserError as e:                # the configurations with mega-batches are rows saying so
+                megabatches[r_s] = e
+        return megabatches[r_s]
+    for name in names:
+        if VARIANTS[name][0] in ("hierbatching", "composed"):
+            n_d_for({**base, **VARIANTS[name][1], **given})
+    mega = ", ".join(f"r_s={r} N_d={'none fits' if isinstance(v, UserError) else v}" for r, v in megabatches.items())
     print(f"training ({', '.join(names)}; {args.model} {args.fanouts}, batch {args.batch_size}, budget {args.budget}, "
           f"device {args.device}, precision {args.precision}, "
-          f"topology {args.topology}, "
-          f"hierbatching N_d={n_d} r_s={args.static_ratio}) ...", flush=True)
+          f"topology {args.topology}" + (f", hierbatching {mega}" if mega else "") + ") ...", flush=True)
     results = {name: [] for name in names}
     running = list(names)                         # a configuration that failed runs no further round
     for rep in range(args.reps):                  # rounds interleave the configurations: noise hits all
@@ -429,11 +457,14 @@ def main(argv=None):
             print(f" round {rep + 1} of {args.reps}", flush=True)
         for name in list(running):
             policy, over = VARIANTS[name]
-            cfg = {**base, **over, "policy": policy, "out": str(out_dir / name)}
+            cfg = {**base, **over, **given, "policy": policy, "out": str(out_dir / name)}
 
             def one():
-                if n_d is None and policy in ("hierbatching", "composed"):
-                    raise no_megabatch
+                if policy in ("hierbatching", "composed"):
+                    n_d = n_d_for(cfg)
+                    if isinstance(n_d, UserError):
+                        raise n_d
+                    cfg["parts_per_megabatch"] = n_d
                 res = run_config(name, cfg, args.steps if name in limited else 0, out_dir, args.check_simulated)
                 row = derive(res, limits)         # the CSV's row until the limits measured after the runs
                 results[name].append(res)
@@ -586,7 +617,8 @@ def main(argv=None):
     print(f"table: {table.path}" + (f" ({len(table.failed())} of {len(names)} configurations failed)"
                                     if table.failed() else ""))
     with open(data_dir / "bench" / "train-results.json", "w") as f:
-        json.dump({"rows": rows, "limits": [limits, limits2], "prepare": prep, "n_d": n_d,
+        json.dump({"rows": rows, "limits": [limits, limits2], "prepare": prep,
+                   "n_d": {str(r): None if isinstance(v, UserError) else v for r, v in megabatches.items()},
                    "args": vars(args)}, f, indent=1, default=str)
     if table.failed():
         print(f"kept {out_dir} (the logs of the failed configurations)")
