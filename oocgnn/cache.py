@@ -61,6 +61,15 @@ class CacheResult:
     def hit_ratio(self):
         return self.hits / max(1, self.accesses)
 
+    def summary(self, row_bytes) -> dict:
+        """One row of a cache comparison: miss ratio (Ginex's metric: the initial fill free), rows read per
+        row requested with the fill, pages read with the fill, and read amplification (bytes the device
+        moves per useful byte, `row_bytes` a row)."""
+        pages = self.pages_read + self.init_pages
+        return {"policy": self.policy, "capacity": self.capacity, "miss_ratio": self.misses / self.accesses,
+                "read_ratio": (self.misses + self.init_rows) / self.accesses, "pages_read": pages,
+                "amplification": pages * PAGE / (self.accesses * row_bytes)}
+
     def as_dict(self) -> dict:
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "per_iteration"}
         return {**d, "rows_read": self.misses, "hit_ratio": self.hit_ratio, "init_bytes": self.init_pages * PAGE,
@@ -467,6 +476,18 @@ def make_cache(name, capacity, num_nodes, **kw) -> CachePolicy:
     if name not in CACHE_POLICIES:
         raise UserError(f"unknown cache policy {name!r}; choose from {', '.join(CACHE_POLICIES)}")
     return CACHE_POLICIES[name](capacity, num_nodes, **kw)
+
+
+def cache_for_budget(name, budget_bytes, store, counts=None, **kw) -> CachePolicy:
+    """The policy `name` that `budget_bytes` buy on `store` (its slot table paid first): a degree cache ranks
+    by the store's degrees, a frequency cache by `counts` (a profiled epoch's, `Trace.counts`)."""
+    if name not in CACHE_POLICIES:
+        raise UserError(f"unknown cache policy {name!r}; choose from {', '.join(CACHE_POLICIES)}")
+    if name == "static-degree":
+        kw["degrees"] = store.degrees()
+    if name == "static-frequency":
+        kw["counts"] = counts
+    return CACHE_POLICIES[name].from_budget(budget_bytes, store.row_bytes, store.num_nodes, **kw)
 
 
 def replay(trace: Trace, policy: CachePolicy, per_iteration=False, stream="features") -> CacheResult:

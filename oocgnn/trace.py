@@ -159,6 +159,22 @@ class Trace:
         """Accesses per node (the profiled frequency of OUTRE §4.4)."""
         return np.bincount(self.ids, minlength=self.num_nodes)
 
+    def summary(self) -> dict:
+        """The trace at a glance: iterations, feature rows (all, distinct, per iteration as % of the graph),
+        neighbour lists and rows per list (a recorded trace's "neighbours" stream), and its size."""
+        nb = self.stream("neighbours")
+        arrays = [self.offsets, self.ids, nb.offsets, nb.ids]
+        return {"iterations": len(self), "feature_rows": self.accesses, "unique_rows": len(np.unique(self.ids)),
+                "rows_per_batch_%_of_graph": 100 * self.accesses / len(self) / self.num_nodes,
+                "neighbour_lists": nb.accesses, "rows_per_list": self.accesses / nb.accesses,
+                "trace_MiB": sum(a.nbytes for a in arrays) / 2**20}
+
+    def superbatch_bytes(self, s) -> int:
+        """The largest trace of `s` consecutive iterations, rows and lists at 4 bytes an id: what Ginex keeps
+        of a superbatch between its sample and gather passes (§4.2)."""
+        nb = self.stream("neighbours")
+        return max((self.slice(i, i + s).accesses + nb.slice(i, i + s).accesses) * 4 for i in range(0, len(self), s))
+
     def pages(self) -> np.ndarray:
         """Distinct 4 KiB pages of each iteration's rows (no cache)."""
         return _pages_per_iteration(self.offsets, self.ids, self.row_stride, self.row_bytes)

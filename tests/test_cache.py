@@ -270,3 +270,22 @@ def test_replay_neighbour_stream():
     tr = Trace.from_batches(b, 20, neighbours=[x[:2] for x in b])
     r = replay(tr, CACHE_POLICIES["lru"](3, 20), stream="neighbours")
     assert r.accesses == 20 and r.hits == replay(tr.stream("neighbours"), CACHE_POLICIES["lru"](3, 20)).hits
+
+
+def test_cache_for_budget_is_the_policy_the_budget_buys(fennel16):
+    """A store's budget buys `from_budget`'s rows, a degree cache ranked by the store's degrees; a replay's
+    summary is its counts as ratios."""
+    from oocgnn.cache import CACHE_POLICIES, cache_for_budget, replay
+    from oocgnn.trace import record_trace
+    budget = 40 * fennel16.row_bytes + 4 * fennel16.num_nodes
+    got = cache_for_budget("static-degree", budget, fennel16)
+    want = CACHE_POLICIES["static-degree"].from_budget(budget, fennel16.row_bytes, fennel16.num_nodes,
+                                                       degrees=fennel16.degrees())
+    assert got.capacity == want.capacity == 40 and np.array_equal(got.static_ids, want.static_ids)
+    tr = record_trace(fennel16, "random", [5, 5], seed=0, cache_dir=False, batch_size=64)
+    r = replay(tr, got)
+    s = r.summary(fennel16.row_bytes)
+    assert s["miss_ratio"] == r.misses / r.accesses and s["read_ratio"] == (r.misses + r.init_rows) / r.accesses
+    assert s["pages_read"] == r.pages_read + r.init_pages
+    with pytest.raises(UserError, match="unknown cache policy"):
+        cache_for_budget("nope", budget, fennel16)

@@ -168,3 +168,15 @@ def test_record_trace_takes_a_schedule_object(parted, tmp_path):
     d = record_trace(parted, sched, [3], seed=2, cache_dir=tmp_path, fmt="dir")   # memory-mapped form
     assert not d.cached and np.array_equal(d.ids, a.ids)
     assert record_trace(parted, sched, [3], seed=2, cache_dir=tmp_path, fmt="dir").cached
+
+
+def test_summary_and_superbatch_bytes_count_the_trace(fennel16):
+    """A recorded trace's summary and its largest superbatch, against counts made by hand."""
+    tr = record_trace(fennel16, "random", [5, 5], seed=0, cache_dir=False, batch_size=64)
+    nb = tr.stream("neighbours")
+    s = tr.summary()
+    assert s["iterations"] == len(tr) and s["feature_rows"] == len(tr.ids) == tr.accesses
+    assert s["unique_rows"] == len(set(tr.ids.tolist())) and s["neighbour_lists"] == len(nb.ids)
+    assert s["rows_per_list"] == len(tr.ids) / len(nb.ids)
+    per = [sum(len(tr[j]) + len(nb[j]) for j in range(i, min(i + 3, len(tr)))) * 4 for i in range(0, len(tr), 3)]
+    assert tr.superbatch_bytes(3) == max(per)
