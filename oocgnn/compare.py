@@ -24,9 +24,10 @@ import pandas as pd
 from .benchtable import BenchTable
 from .config import TrainConfig
 from .errors import UserError
+from .policies import POLICIES
 from .units import format_size
 
-DEFAULT_POLICIES = ("inmemory", "mmap", "hierbatching", "outre", "ginex", "macrobatch", "marius", "composed")
+DEFAULT_POLICIES = tuple(POLICIES)      # every registered policy, in its `listed` order
 TARGET_SHARE = 0.95       # without --target-acc: time to 95 % of the best validation accuracy any policy reached
 PRIMING = "numba's cache primed before timing (2 untimed steps of each policy in a throwaway process)"
 TABLE_COLUMNS = ["policy", "status", "knobs", "epochs", "steps", "epoch_s", "train_s", "time_to_target_s",
