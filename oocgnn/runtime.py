@@ -27,9 +27,9 @@ from .buffer import PartitionBuffer
 from .device import HostToDevice, blocks_of
 from .errors import UserError
 from .history import HistoryCache, NoHistory
-from .io import MAX_REQUEST, IOStats, drop_file_cache, range_chunks, request_breaks
+from .io import IOStats, drop_file_cache, range_chunks
 from .memcap import MemoryCap
-from .resident import CachedReader
+from .resident import READ_CHUNK, CachedReader, request_chunks
 from .sampler import Sampler, induced_csc, sampled_steps
 from .schedules import _ids_of_ranges
 from .topology import NeighbourLists
@@ -244,26 +244,16 @@ class Runtime:
                 entries += self.topology.place_ids(step.enter_ids, entries) if len(step.enter_ids) else 0
         self.stage = HistoryCache.of(self.plan.history, self.store.num_nodes) if self.plan.history else NoHistory()
 
-    def _place_rows(self, ids, base, chunk_bytes=64 << 20):
-        """Read rows `ids` into slots base.. (in `ids`' order) a chunk at a time, so that the setup never
-        holds its rows twice (a static cache of 1.6 GiB on xlarge did). Chunks of the sorted ids are cut
-        where the reader starts a request anyway (`io.request_breaks`): the same requests and pages as
-        one call, which the simulator counts."""
-        reader, given = self.cached.reader, np.asarray(ids, dtype=np.int64)
+    def _place_rows(self, ids, base, chunk_bytes=READ_CHUNK):
+        """Read rows `ids` into slots base.. (in `ids`' order) a piece at a time (`resident.request_chunks`:
+        the same pages and requests as one call, which the simulator counts), so that the setup never holds
+        its rows twice (a static cache of 1.6 GiB on xlarge did)."""
+        given = np.asarray(ids, dtype=np.int64)
         order = np.argsort(given, kind="stable")
         ids = given[order]
-        if hasattr(reader, "_page_spans"):
-            _, first, last = reader._page_spans(ids)
-            starts = np.flatnonzero(request_breaks(first, last, getattr(reader, "_row_pages", 1),
-                                                   getattr(reader, "max_request", MAX_REQUEST)))
-        else:
-            starts = np.arange(len(ids))
-        per_chunk = max(1, chunk_bytes // max(1, self.store.row_bytes))
-        cuts = starts[np.searchsorted(starts, np.arange(per_chunk, len(ids), per_chunk))]
-        bounds = np.unique(np.concatenate(([0], cuts, [len(ids)])))
-        for a, b in zip(bounds[:-1], bounds[1:]):
-            rows = reader.read_rows(ids[a:b])
-            self.cached.rows[torch.from_numpy(base + order[a:b])] = torch.from_numpy(np.ascontiguousarray(rows))
+        for lo, hi in request_chunks(self.cached.reader, ids, chunk_bytes):
+            rows = np.ascontiguousarray(self.cached.reader.read_rows(ids[lo:hi]))
+            self.cached.rows[torch.from_numpy(base + order[lo:hi])] = torch.from_numpy(rows)
         self.cached.point(given, base)
 
     def before(self, step, next_load):
