@@ -24,6 +24,7 @@ import numpy as np
 
 from .atomicdir import swap_in, temp_path, writing
 from .csrsource import CSRSource
+from .direct import DirectReader
 from .errors import UserError
 from .io import page_span, range_chunks, range_requests
 
@@ -186,7 +187,6 @@ class EdgeBuckets:
 
     def reader(self):
         """A DirectReader whose rows are the file's (u, w) pairs."""
-        from .direct import DirectReader
         return DirectReader(self.path, self.store.num_edges, 2, dtype=self.dtype, row_stride=self.row_bytes)
 
     def read(self, pairs, reader) -> dict:

@@ -1,4 +1,7 @@
-"""The `oocgnn` command: prepare stores, inspect them, train, and report time-to-accuracy."""
+"""The `oocgnn` command: prepare stores, inspect them, train, and report time-to-accuracy.
+
+Each command imports the modules it runs inside its function (torch, numba and pandas come with them):
+`oocgnn --help` and a refused argument answer in under a second."""
 from __future__ import annotations
 
 import argparse

@@ -24,7 +24,9 @@ import pandas as pd
 from .benchtable import BenchTable
 from .config import TrainConfig
 from .errors import UserError
-from .policies import POLICIES
+from .policies import POLICIES, make_plan
+from .store import open_store
+from .tune import GRID
 from .units import format_size
 
 DEFAULT_POLICIES = tuple(POLICIES)      # every registered policy, in its `listed` order
@@ -45,8 +47,6 @@ def fitting_settings(store, cfg: TrainConfig, policy: str) -> tuple[dict, str]:
     """(settings, note) that make `policy`'s plan fit `cfg`'s budget: {} and "" when its defaults do, else
     the grid point of `tune.GRID` that fits with the most resident bytes. Raises UserError (the
     defaults' own message) when none fits."""
-    from .policies import make_plan
-    from .tune import GRID
     try:
         make_plan(store, cfg.replace(policy=policy))
         return {}, ""
@@ -72,7 +72,7 @@ def _knobs_text(knobs: dict) -> str:
 def _prime(cfgs):
     """Two steps of each configuration, in this (throwaway) process: numba compiles what they call and
     writes it to its on-disk cache."""
-    from .train import train
+    from .train import train  # torch: imported when used, not with this module
     with tempfile.TemporaryDirectory(prefix="oocgnn-prime-") as tmp:
         for i, cfg in enumerate(cfgs):
             train(cfg.replace(max_steps=2, epochs=1, max_eval_nodes=64, eval_every=0, target_acc=0.0,
@@ -113,8 +113,7 @@ def compare(cfg: TrainConfig, policies=DEFAULT_POLICIES, out="runs/compare", tar
     not fit or failed —, epoch time, time to `target`, accuracy, bytes read, memory), every run's log.csv
     rows labelled by policy, and the validation accuracy the times are measured to (`target_acc`, else
     `TARGET_SHARE` of the best any policy reached). `warm`: prime numba's cache first (`prime`)."""
-    from .store import open_store
-    from .train import train_fresh
+    from .train import train_fresh  # torch: imported when used, not with this module
     from tqdm.auto import tqdm
     store = open_store(cfg.store, verify=False)
     feature_bytes = store.num_nodes * store.row_stride

@@ -115,7 +115,7 @@ class TrainConfig:
         self.layers = n
         if self.policy not in POLICIES:
             raise UserError(f"unknown policy {self.policy!r}; choose from {', '.join(POLICIES)}")
-        from .models import MODELS
+        from .models import MODELS  # torch: imported when used, not with this module
         if self.model not in MODELS:
             raise UserError(f"unknown model {self.model!r}; choose from {', '.join(MODELS)}")
         for name in ("epochs", "batch_size", "hidden", "eval_batch_size"):

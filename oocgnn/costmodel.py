@@ -30,12 +30,18 @@ import time
 from dataclasses import asdict, dataclass
 from itertools import islice
 from pathlib import Path
+from types import SimpleNamespace
+import mmap
 
 import numpy as np
 import pandas as pd
 
+from .buckets import buffer_csc
+from .cache import PageLRUCache, replay
 from .errors import UserError
 from .io import PAGE
+from .policies import make_plan
+from .trace import record_trace
 
 CACHE_VERSION = 7
 
@@ -129,7 +135,6 @@ def measure_disk(store, repeats=3, random_reads=8192, seq_bytes=256 << 20, cache
 
 def _qd1_rate(path, size, rng, reads=1024) -> float:
     """Random 4 KiB O_DIRECT reads per second, one at a time."""
-    import mmap
     buf = mmap.mmap(-1, PAGE)
     flags = os.O_RDONLY | getattr(os, "O_DIRECT", 0)
     try:
@@ -254,7 +259,7 @@ def _run_medians(units, seconds, runs) -> pd.DataFrame:
 
 def _points(run, df, measured) -> pd.DataFrame:
     """A calibration run's steps past the warm-up: simulated units beside measured stage seconds."""
-    from .train import WARMUP_STEPS
+    from .train import WARMUP_STEPS  # torch: imported when used, not with this module
     return pd.DataFrame({"run": run, "expanded": _expanded(df), "rows": df["input_nodes"].to_numpy(float),
                          **{k: measured[f"{k}_s"].to_numpy() for k in ("sample", "gather", "compute")}}
                         ).iloc[WARMUP_STEPS:]
@@ -280,9 +285,8 @@ def calibrate(store, cfg, steps=24, cache=None, refresh=False) -> StepCosts:
     model's unit (`_fit_unit`) is chosen with a third run, HierBatching's (`_calibrate_loads`), whose batches,
     sampled inside a community, hold far fewer input rows per expanded node. Cached per store, model and
     settings."""
-    from .policies import make_plan
-    from .simulate import simulate
-    from .train import WARMUP_STEPS, train
+    from .simulate import simulate  # torch: imported when used, not with this module
+    from .train import WARMUP_STEPS, train  # torch: imported when used, not with this module
     key, file = _calibration_key(store, cfg), cache_dir(cache) / "calibration.json"
     saved = _load(file)
     if key in saved and not refresh:
@@ -320,9 +324,8 @@ def _calibrate_loads(store, run_cfg, cache) -> tuple:
     into place and the reads' system time, not the wait for the disk, which the rates cover) of its loads
     and of its subgraphs, over what the simulator counts it loaded and induced. (0, 0) on a store with
     too few parts to group."""
-    from .policies import make_plan
-    from .simulate import simulate
-    from .train import train
+    from .simulate import simulate  # torch: imported when used, not with this module
+    from .train import train  # torch: imported when used, not with this module
     if store.num_parts < 4:
         return 0.0, 0.0, pd.DataFrame()
     cfg = run_cfg.replace(policy="hierbatching", parts_per_megabatch=max(2, store.num_parts // 8), passes=1.0,
@@ -341,8 +344,6 @@ def _calibrate_buckets(store, repeats=3) -> float:
     edge buckets rather than induced from adjacency lists): the median of `repeats` timed builds
     (`time.thread_time`, after one that compiles) over 4 partitions of random edges at the store's density
     on a quarter of its nodes (at most 2^20), each bucket's edges in source order as the bucket file holds them, no disk."""
-    from types import SimpleNamespace
-    from .buckets import buffer_csc
     rng, p = np.random.default_rng(0), 4
     n = int(min(max(store.num_nodes // 4, p), 1 << 20))        # a buffer state: a quarter of the graph
     e = max(p * p, int(store.num_edges * n / max(store.num_nodes, 1)))
@@ -369,7 +370,7 @@ def _calibrate_slot_rows(store, nbytes=64 << 20, repeats=3) -> float:
     timed with `time.thread_time` (the reads' system time and the copy, not the disk's wait); the median of
     `repeats` after one untimed round."""
     import torch
-    from .buffer import read_into_slot
+    from .buffer import read_into_slot  # torch: imported when used, not with this module
     n = int(max(1, min(store.num_nodes, nbytes // store.row_stride)))
     reader = store.reader("direct")
     rows = torch.empty((n, store.feat_dim), dtype=torch.float32)
@@ -409,8 +410,6 @@ def _model_cores(cfg) -> int:
 
 def mmap_faults(store, plan, steps=None) -> np.ndarray:
     """Per batch, the 4 KiB feature pages an LRU page cache of the budget's size misses (mmap's faults)."""
-    from .cache import PageLRUCache, replay
-    from .trace import record_trace
     trace = record_trace(store, plan.schedule, plan.fanouts, epochs=1, seed=plan.seed, cache_dir=False)
     res = replay(trace, PageLRUCache.from_budget(plan.budget, store.row_bytes, store.num_nodes), per_iteration=True)
     pages = res.per_iteration["pages_read"].to_numpy()
@@ -423,7 +422,7 @@ def predict(store, plan, rates: DiskRates, costs: StepCosts, steps=None, df=None
     Returns `seconds` (the prediction, from a standing start), `epoch_s` (an epoch in the steady state,
     `_steady_epoch_s`: extrapolated from a window of `steps`), the totals of each stage (`sample`, `gather`, `compute`, `read`:
     random reads, `load`: residency changes and fetches), `fg`/`bg` totals and the I/O they come from."""
-    from .simulate import simulate
+    from .simulate import simulate  # torch: imported when used, not with this module
     if df is None:
         df = simulate(store, plan, epochs=1, progress=False, steps=steps)
     cpu = costs.batch_seconds(df)

@@ -38,8 +38,10 @@ class CSRSource:
             return cls(source.name, source.indptr, source.train_idx, indices=source.indices)
         raise UserError(f"cannot partition a {type(source).__name__}; pass a GraphData or a Store")
 
-    def chunks(self, max_edges=CHUNK_EDGES):
-        """(lo, hi, indices of rows lo..hi-1), at most ~max_edges entries each (one row may exceed)."""
+    def chunks(self, max_edges=None):
+        """(lo, hi, indices of rows lo..hi-1), at most ~max_edges (default `CHUNK_EDGES`) entries each (one row
+        may exceed)."""
+        max_edges = CHUNK_EDGES if max_edges is None else max_edges
         lo, n = 0, self.num_nodes
         while lo < n:
             hi = int(np.searchsorted(self.indptr, self.indptr[lo] + max_edges, side="right")) - 1

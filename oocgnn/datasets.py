@@ -8,6 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+import dataclasses
+import re
+import tempfile
+import zipfile
 
 import numpy as np
 
@@ -68,7 +72,6 @@ class GraphData:
         """A copy with seeded random train/val/test splits over the labelled nodes: a random permutation
         cut into its first train_frac, the next val_frac and the next test_frac (None: the rest) of
         them (the 10/10/80 splits the HierBatching digest uses for small real graphs)."""
-        import dataclasses
         labelled = np.flatnonzero(np.asarray(self.labels) >= 0)
         perm = np.random.default_rng(seed).permutation(labelled)
         a, b = int(train_frac * len(perm)), int((train_frac + val_frac) * len(perm))
@@ -235,7 +238,6 @@ def load_npz(path, name=None, row_normalize=False, prepare_memory=None, workdir=
 
     `row_normalize` scales each feature row to sum 1 (rows of zeros stay zero), the usual
     preprocessing of bag-of-words features (Kipf & Welling; PyG's NormalizeFeatures)."""
-    import zipfile
     path = Path(path)
     if not path.is_file():
         raise UserError(f"npz file not found: {path}")
@@ -299,7 +301,6 @@ class _NpzMember:
     is stored uncompressed. `np.load` of an .npz reads a member whole (56 GB: ogbn-papers100M's node_feat)."""
 
     def __init__(self, path: Path, key: str):
-        import zipfile
         self.path, self.key = Path(path), key
         try:
             self.zip = zipfile.ZipFile(self.path)
@@ -338,7 +339,6 @@ class _NpzMember:
 
     def memmap(self):
         """The array memory-mapped from the archive (read-only), or None when the member is compressed."""
-        import zipfile
         if self.info.compress_type != zipfile.ZIP_STORED or self.fortran:
             return None
         with open(self.path, "rb") as f:        # the local file header: 30 bytes + name + extra field
@@ -420,8 +420,6 @@ def load_ogb_raw(root, name=None, split="auto", feature_dir=None, chunk_rows=1_0
     those nodes are dropped from the splits. With `prepare_memory` the edges go through `build_csr`'s
     bounded path (runs and neighbour file in `workdir`).
     """
-    import re
-    import tempfile
     root = Path(root)
     d = _ogb_dir(root)
     if d is None:

@@ -33,8 +33,9 @@ import numpy as np
 import pandas as pd
 import torch
 
-from .errors import UserError
+from .errors import StoreError, UserError
 from .io import range_chunks
+from .sampler import Sampler
 
 POLICIES = ("inmemory", "macrobatch")
 ID_BYTES = 8                 # request ids travel as int64
@@ -131,7 +132,6 @@ def simulate_exchange(store, world, k, batch_size, fanouts, seed=0, epochs=1, de
     macrobatches of `k` mini-batches, from the samples alone (no communication): one row per (epoch,
     rank). Per macrobatch a rank asks, layer by layer, for the remote lists it has not fetched in that
     macrobatch (`RankLists`), then for the remote input rows."""
-    from .sampler import Sampler
     bounds = owner_bounds(store.part_offsets, world)
     sampler = Sampler(topology or store.neighbour_lists(), fanouts, seed, dense=dense)
     train, row_bytes = store.train_idx, store.feat_dim * 4
@@ -269,7 +269,6 @@ class RankLists:
         indices = np.fromfile(store.path / "indices.bin", dtype=dtype, count=int(indptr[-1] - indptr[0]),
                               offset=int(indptr[0]) * dtype.itemsize)
         if len(indices) and (indices.min() < 0 or indices.max() >= store.num_nodes):
-            from .errors import StoreError
             raise StoreError(f"store {store.path}: indices.bin holds a node id outside 0..{store.num_nodes - 1}; "
                              "the file is damaged (run `oocgnn info --verify`)")
         return cls(store.num_nodes, lo, hi, indptr, indices)

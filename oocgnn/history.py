@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from .blocks import Block
 from .errors import UserError
 
 
@@ -193,7 +194,6 @@ class NoHistory:
 
 def _prune(block, keep_dst: np.ndarray):
     """A copy of `block` keeping only the edges into dst nodes with keep_dst (same node sets)."""
-    from .blocks import Block
     deg = np.where(keep_dst, np.diff(block.indptr), 0)
     indptr = np.zeros(block.num_dst + 1, np.int64)
     np.cumsum(deg, out=indptr[1:])

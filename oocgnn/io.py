@@ -12,6 +12,7 @@ import dataclasses
 import os
 import threading
 import time
+import mmap
 
 import numba
 import numpy as np
@@ -236,7 +237,6 @@ def drop_file_cache(path) -> None:
 def release_pages(arr):
     """Unmap the pages of a memory-mapped array read so far: they stay in the page cache, but no longer
     count in this process's resident set (a bounded prepare reads its runs and neighbour file through maps)."""
-    import mmap
     m = getattr(arr, "_mmap", None)
     if isinstance(arr, np.memmap) and m is not None and hasattr(m, "madvise"):
         m.madvise(mmap.MADV_DONTNEED)

@@ -14,8 +14,15 @@ but labels and the step stream's groups is read (no features, no lists).
 training set; its thresholds were calibrated on ../shared/datasets (see `MIN_PARTS`, `MAX_TV`).
 """
 from __future__ import annotations
+from math import ceil, floor, lgamma, sqrt
+import math
 
 import numpy as np
+
+from .config import SETTINGS
+from .io import feature_row_stride
+from .policies import POLICIES, Plan
+from .units import parse_size
 
 # Calibrated with benchmarks/mixing.py (HierBatching at a third of the feature file, METIS parts, 30 epochs,
 # one seed; test accuracy at best val minus inmemory's). amazon_photo, random 10/10/80: 2 parts a group (TV
@@ -63,7 +70,6 @@ def random_draw_tv(size, reference) -> float:
     at random from it: the distance a perfectly mixed group of that size still has (binomial counts per
     class, summed over the counts within 12 standard deviations + 40 of the mean: Bernstein's inequality
     puts the rest below 1e-25). Groups of few training nodes are far from the training set by this much alone."""
-    from math import ceil, floor, lgamma, sqrt
     q = np.asarray(reference, float) / np.sum(reference)
     size = int(size)
     if size < 1:
@@ -138,7 +144,6 @@ def check(stats: dict, plan=None) -> str:
     if hasattr(plan, "n_d"):      # the budget holds n_d of num_groupable parts: K for MIN_PARTS, else twice K
         few = stats["parts_mean"] < MIN_PARTS
         k = f"{-(-MIN_PARTS * plan.num_groupable // plan.n_d) if few else 2 * plan.num_groupable} or more"
-    from .policies import POLICIES, Plan
     policy = POLICIES.get(getattr(plan, "name", ""), Plan)   # the plan's class words the advice (`Plan.mixing_fix`)
     return line + f"Try {policy.mixing_fix(plan, k)}"
 
@@ -150,11 +155,7 @@ def default_parts(num_nodes, num_edges, feat_dim, budget=None, static_ratio=0.01
     topology bytes; r_s the paper's 0.01, kept when the run's default became `policies.static_ratio_for`'s,
     so that stores prepared before keep their K); parts of at most MAX_PART_NODES and at least
     MIN_PART_NODES nodes."""
-    import math
-    from .io import feature_row_stride
     if budget is None:
-        from .config import SETTINGS
-        from .units import parse_size
         budget = parse_size(SETTINGS["memory_budget"][1].default)
     a = int(num_nodes) * feature_row_stride(int(feat_dim) * 4)
     b = (int(num_nodes) + 1) * 8 + int(num_edges) * 4

@@ -14,6 +14,7 @@ first among its sources, which is what `h[:block.num_dst]` uses.
 replace some of its input rows (OUTRE's historical embeddings of layer L−1) and finish.
 """
 from __future__ import annotations
+import copy
 
 import torch
 import torch.nn as nn
@@ -193,7 +194,6 @@ class DGLLayer(nn.Module):
 
     def __init__(self, layer):
         super().__init__()
-        import copy
 
         import dgl.nn as dglnn
         if isinstance(layer, SAGEConv):
@@ -213,7 +213,6 @@ class DGLLayer(nn.Module):
 
 def dgl_twin(model: BlockModel) -> BlockModel:
     """A copy of `model` whose message-passing layers are DGL's, with the same weights (imports DGL)."""
-    import copy
     twin = copy.deepcopy(model)
     twin.layers = nn.ModuleList(DGLLayer(layer) for layer in model.layers)
     return twin

@@ -30,15 +30,14 @@ import time
 import zipfile
 import zlib
 from pathlib import Path
+import warnings
 
 import numba
 import numpy as np
 import pandas as pd
 
-from .csrsource import CHUNK_EDGES, CSRSource
-from .datasets import GraphData
-from .errors import UserError
-from .io import index_dtype, release_pages
+from .csrsource import CSRSource
+from .errors import StoreError, UserError
 from .store import open_store, write_store
 from .units import peak_rss
 
@@ -392,7 +391,6 @@ def _save_cached(path: Path, assignment, report: str):
                      checksum=np.int64(_cache_checksum(assignment, report)))
         os.replace(tmp, path)
     except OSError as e:
-        import warnings
         with contextlib.suppress(OSError):
             tmp.unlink(missing_ok=True)
         warnings.warn(f"partition cache not written ({e.strerror or e}: {e.filename or path}); "
@@ -405,7 +403,6 @@ def partitioned_store(data, path, method="metis", parts=256, seed=0, **kw):
     The store's meta records the partition (method, parts, seed) and the source's fingerprint,
     so a store left by another run of another graph is rewritten, never reused by mistake.
     """
-    from .errors import StoreError
     want = {"method": method, "parts": int(parts), "seed": int(seed),
             "fingerprint": CSRSource.of(data).fingerprint()}
     try:

@@ -3,8 +3,12 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from types import SimpleNamespace
 
+import numpy as np
 import pandas as pd
+
+from .rundir import load_run
 
 
 MIXING_COLUMNS = {"parts_mean": "mixing_parts", "tv_mean": "mixing_tv_mean", "tv_max": "mixing_tv_max"}
@@ -14,8 +18,7 @@ def load_runs(run_dirs) -> pd.DataFrame:
     """Concatenate the log.csv of several finished run directories (checked: `rundir.load_run`),
     labelled by policy/model/seed, group (a `train --seeds` directory: its seeds' runs, one group) and
     the mixing of the run's groups (`oocgnn.mixing`)."""
-    from .rundir import load_run
-    from .seeds import seed_runs
+    from .seeds import seed_runs  # torch: imported when used, not with this module
     frames = []
     for top, d in [(top, d) for top in map(Path, run_dirs) for d in seed_runs(top)]:
         cfg, log, summary = load_run(d)
@@ -35,7 +38,7 @@ def load_runs(run_dirs) -> pd.DataFrame:
 
 def seed_table(runs: pd.DataFrame) -> pd.DataFrame:
     """One row per group of `load_runs`: its policy, seeds and accuracies as mean ± std over them."""
-    from .seeds import format_mean_std, mean_std
+    from .seeds import format_mean_std, mean_std  # torch: imported when used, not with this module
     rows = []
     for group, g in runs.groupby("group" if "group" in runs else "run", sort=False):
         last = g.groupby("run", sort=False).tail(1)        # one row per run: its summary's values
@@ -50,7 +53,7 @@ def plot_time_to_accuracy(runs: pd.DataFrame, ax=None, metric="val_acc", title=N
     """Accuracy against training wall time: one line per run, or per group of seeds (`load_runs`) the
     seeds' mean at each evaluation with a ± std band (`seeds.aggregate_logs`)."""
     import matplotlib.pyplot as plt
-    from .seeds import aggregate_logs
+    from .seeds import aggregate_logs  # torch: imported when used, not with this module
     if ax is None:
         _, ax = plt.subplots(figsize=(6, 4))
     for group, g in runs.groupby("group" if "group" in runs else "run", sort=False):
@@ -78,7 +81,6 @@ def plot_comparison(table: pd.DataFrame, logs: pd.DataFrame, target=None, featur
     (the target dashed), the time each took to the target, and what each read per epoch (the feature
     file's size marked). A policy that did not run is named in the bar panels with its reason's start."""
     import matplotlib.pyplot as plt
-    import numpy as np
     fig, (a, b, c) = plt.subplots(1, 3, figsize=(16, 4.6), gridspec_kw={"width_ratios": [5, 3, 3]})
     policies = list(table["policy"])
     colours = {p: plt.cm.tab10(i % 10) for i, p in enumerate(policies)}
@@ -144,7 +146,6 @@ def setup_notebook(seed: int = 0):
     """The one setup call of every notebook: seeds, plot style, table display (3 decimals, wide tables),
     paths independent of the cwd."""
     import matplotlib.pyplot as plt
-    import numpy as np
     import torch
     np.random.seed(seed)
     torch.manual_seed(seed)
@@ -153,7 +154,6 @@ def setup_notebook(seed: int = 0):
         pd.set_option(option, value)
     plt.rcParams.update({"figure.figsize": (6.4, 4.0), "figure.dpi": 100, "axes.grid": True,
                          "grid.alpha": 0.3, "axes.spines.top": False, "axes.spines.right": False})
-    from types import SimpleNamespace
     paths = SimpleNamespace(repo=REPO, data=REPO / "data", figures=figures_dir())
     paths.data.mkdir(exist_ok=True)
     paths.figures.mkdir(exist_ok=True)
@@ -199,7 +199,6 @@ def plot_prediction(df: pd.DataFrame, title="", tolerance=0.2):
     """Predicted vs measured epoch seconds per configuration (`costmodel`): bars side by side on a log
     scale, the ratio written above each pair, and the ±tolerance band in a second panel."""
     import matplotlib.pyplot as plt
-    import numpy as np
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 4), gridspec_kw={"width_ratios": [3, 2]})
     x = np.arange(len(df))
     ax.bar(x - 0.2, df["predicted_s"], 0.4, label="predicted")
@@ -228,7 +227,6 @@ def plot_policy_map(pm: pd.DataFrame, measured: pd.DataFrame | None = None, grap
     the measured best, marked ✓ when it agrees); beside it, each policy's best predicted epoch time against
     the budget, one line style per graph."""
     import matplotlib.pyplot as plt
-    import numpy as np
     graphs, fractions = list(dict.fromkeys(pm["graph"])), sorted(pm["fraction"].unique())
     policies = sorted(pm["policy"].unique())
     colours = {p: plt.cm.tab10(i % 10) for i, p in enumerate(policies)}

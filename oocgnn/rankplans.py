@@ -22,7 +22,7 @@ import time
 import numpy as np
 import torch
 
-from .distributed import batch_key, fetch_macrobatch, rank_batches, sample_macrobatch, steps_per_epoch
+from .distributed import batch_key, fetch_macrobatch, rank_batches, sample_macrobatch
 from .errors import UserError
 from .io import range_chunks
 from .policies import resolve_static_ratio

@@ -18,6 +18,9 @@ import re
 import sys
 import time
 from pathlib import Path
+from concurrent.futures import ProcessPoolExecutor
+import copy
+import multiprocessing
 
 REPO = Path(__file__).resolve().parents[1]
 NOTEBOOKS = REPO / "notebooks"
@@ -81,7 +84,6 @@ def close(a: str, b: str) -> bool:
 
 def _masked(outputs) -> tuple:
     """(outputs with every printed float replaced by a mark, the floats in order)."""
-    import copy
     found = []
 
     def mask(v):
@@ -218,8 +220,6 @@ def main(argv=None) -> int:
         for var in ("OMP_NUM_THREADS", "NUMBA_NUM_THREADS"):
             os.environ.setdefault(var, share)
     # a process each: papermill changes the working directory of the process that runs it
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
     failed = []
     with ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
         for nb, future in [(nb, pool.submit(execute, nb, out)) for nb in notebooks]:

@@ -35,7 +35,9 @@ from functools import cached_property
 
 import numpy as np
 
+from .buckets import EdgeBuckets, physical_offsets
 from .errors import UserError
+from .orderings import ORDERINGS, assign, auto_logical, comet_shape, epoch_states
 
 _EMPTY = np.empty(0, dtype=np.int64)
 
@@ -302,8 +304,6 @@ class BufferSchedule(Schedule):
     def __init__(self, store, batch_size=1024, physical_parts=16, buffer_parts=4, ordering="comet",
                  logical_parts=0, seed=0):
         super().__init__(store, batch_size, seed)
-        from .buckets import physical_offsets
-        from .orderings import ORDERINGS, auto_logical, comet_shape
         if ordering not in ORDERINGS:
             raise UserError(f"unknown ordering {ordering!r}; choose from {', '.join(ORDERINGS)}")
         self.p, self.c, self.ordering = int(physical_parts), int(buffer_parts), ordering
@@ -323,12 +323,10 @@ class BufferSchedule(Schedule):
     @cached_property
     def buckets(self):
         """The store's edge buckets at p partitions (written on first use)."""
-        from .buckets import EdgeBuckets
         return EdgeBuckets.of(self.store, self.p)
 
     def states(self, epoch):
         """(states, state of each training node) of the epoch (`orderings`)."""
-        from .orderings import assign, epoch_states
         rng = self.rng(epoch, 0)
         states = epoch_states(self.ordering, self.p, self.c, self.l, rng)
         how = "greedy" if self.ordering != "comet" else "random"

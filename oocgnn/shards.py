@@ -27,6 +27,8 @@ from pathlib import Path
 import numpy as np
 
 from .errors import UserError
+from .readers import open_reader
+from .store import open_store
 
 SHARD_FILES = ("features.bin", "indptr.npy", "indices.bin", "labels.npy", "train_idx.npy", "val_idx.npy",
                "test_idx.npy")
@@ -65,7 +67,7 @@ def write_shards(store, world, out=None, force=False, progress=True) -> Path:
     """Write `world` shards of `store` (see the module docstring) to `out` (default <store>-shards<R>),
     atomically (a temporary directory renamed into place)."""
     from tqdm.auto import tqdm
-    from .distributed import owner_bounds
+    from .distributed import owner_bounds  # torch: imported when used, not with this module
     out = Path(out) if out else shards_path(store.path, world)
     check_shards_target(out, force)
     bounds = owner_bounds(store.part_offsets, world)
@@ -111,8 +113,7 @@ class RankData:
 
     @classmethod
     def open(cls, path, world, rank) -> "RankData":
-        from .distributed import owner_bounds
-        from .store import open_store
+        from .distributed import owner_bounds  # torch: imported when used, not with this module
         path = Path(path)
         if (path / "shards.json").is_file():
             meta = json.loads((path / "shards.json").read_text())
@@ -164,7 +165,6 @@ class RankData:
 
     def reader(self, kind="direct"):
         """A feature reader over this rank's rows, ids local (0 .. hi - lo)."""
-        from .readers import open_reader
         if self.sharded:
             return open_reader(kind, self.source / "features.bin", self.hi - self.lo, self.feat_dim,
                                row_stride=self.row_stride)
@@ -173,7 +173,7 @@ class RankData:
 
     def lists(self):
         """This rank's neighbour lists (`distributed.RankLists`)."""
-        from .distributed import RankLists
+        from .distributed import RankLists  # torch: imported when used, not with this module
         if not self.sharded:
             return RankLists.of_store(self.source, self.bounds, self.rank)
         dtype = np.dtype(self.meta["index_dtype"])

@@ -24,8 +24,9 @@ from .ahead import chunks
 from .errors import UserError
 from .history import HistoryStamps, history_prune
 from .io import PAGE, page_span, range_chunks, range_requests, request_breaks, span_runs
-from .sampler import Sampler, sampled_steps
+from .mixing import mixing
 from .policies import as_plan
+from .sampler import Sampler, sampled_steps
 from .schedules import _ids_of_ranges
 
 DATA = ("features", "adjacency")
@@ -319,7 +320,6 @@ def simulate(store, plan, fanouts=None, epochs=1, seed=0, feature_cache=None, ne
     df.attrs.update(schedule=repr(plan.schedule), fanouts=plan.fanouts, seed=plan.seed, setup=setup,
                     seconds=time.perf_counter() - t0)
     if plan.cfg is not None or hasattr(plan.schedule, "groups"):   # a policy's plan, or a schedule of groups
-        from .mixing import mixing
         df.attrs["mixing"] = mixing(plan)
     df.attrs["plan"] = plan.describe()            # the policy's own knobs, as a run's summary has them
     return df

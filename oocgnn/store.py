@@ -21,14 +21,16 @@ import zlib
 from contextlib import contextmanager
 from functools import cached_property
 from pathlib import Path
+import mmap
 
 import numpy as np
 from tqdm.auto import tqdm
 
 from .atomicdir import describe_leftovers, swap_in, temp_path, writing
-from .datasets import GraphData
-from .errors import StoreError, UserError
 from .csrsource import CSRSource
+from .datasets import GraphData
+from .direct import DirectReader
+from .errors import StoreError, UserError
 from .io import feature_row_stride, index_dtype, release_pages
 from .readers import open_reader
 from .topology import NeighbourLists
@@ -89,7 +91,6 @@ def _list_reader(indices):
     """lists(starts, lens): the lists indices[s:s+l] concatenated. A neighbour file mapped in memory (a bounded
     prepare's) is read with one pread a list: a fault in a map maps the page cache's whole folio (2 MiB here),
     so gathering 150K scattered lists through the map held its 1.3 GB file in RSS; a pread maps nothing."""
-    import mmap
 
     def gather(starts, lens):
         first = np.cumsum(lens) - lens
@@ -200,13 +201,11 @@ def _row_gather(features, identity):
     """rows(ids) of the source's features. A float32 file mapped in memory (an OGB source's, larger than RAM)
     is gathered in a partition order by O_DIRECT reads, sorted and coalesced, many in flight
     (`direct.DirectReader`): page faults through the map would fetch its scattered rows one at a time."""
-    import mmap
     mm = features
     if identity or not isinstance(mm, np.memmap) or not isinstance(mm.base, mmap.mmap) or mm.dtype != np.float32 \
             or mm.ndim != 2 or not mm.flags.c_contiguous or mm.filename is None:
         yield lambda ids: features[ids]
         return
-    from .direct import DirectReader
     row_bytes = mm.shape[1] * 4
     as_bytes = mm.offset % 4 != 0         # an array inside a zip (.npz) starts anywhere: read its rows as bytes
     with DirectReader(mm.filename, mm.shape[0], row_bytes if as_bytes else mm.shape[1], row_stride=row_bytes,

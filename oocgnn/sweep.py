@@ -11,6 +11,10 @@ import pandas as pd
 
 from .config import SETTINGS, TrainConfig
 from .errors import UserError
+from .mixing import mixing
+from .policies import make_plan
+from .seeds import aggregate_rows
+from .store import open_store
 from .train import train
 
 SUMMARY_COLUMNS = ["train_s", "epoch_s", "best_val_acc", "test_at_best_val", "final_val_acc",
@@ -52,7 +56,6 @@ def run_grid(base: TrainConfig, grid: dict, seeds=(0,), out_root="runs/sweep",
 
 def seed_table(summary: pd.DataFrame, metrics=("best_val_acc", "test_at_best_val", "train_s")) -> pd.DataFrame:
     """The sweep table over its seeds axis: one row per setting, `<metric>_mean`, `<metric>_std`, `seeds`."""
-    from .seeds import aggregate_rows
     return aggregate_rows(summary, metrics)
 
 
@@ -60,9 +63,6 @@ def mixing_warnings(base: TrainConfig, grid: dict) -> list:
     """["setting=value, ...: warning"] for each combination of `grid` whose plan mixes poorly
     (`oocgnn.mixing.check`), from the plans alone (nothing read, nothing trained): what a widget shows
     before a sweep runs. Combinations whose plan does not build are left to the run to report."""
-    from .mixing import mixing
-    from .policies import make_plan
-    from .store import open_store
     store, out = open_store(base.store, verify=False), []
     combos = [{}]
     for key, values in grid.items():

@@ -12,6 +12,9 @@ import numba
 import numpy as np
 
 from .csrsource import CSRSource
+from .direct import DirectReader
+from .errors import StoreError
+from .io import range_chunks
 
 
 def _chunks(store):
@@ -109,7 +112,6 @@ class NeighbourLists:
     @staticmethod
     def index_reader(store):
         """A DirectReader whose rows are indices.bin's entries, with many small reads in flight."""
-        from .direct import DirectReader
         dtype = np.dtype(store.meta["index_dtype"])
         return DirectReader(store.path / "indices.bin", store.num_edges, 1, dtype=dtype, row_stride=dtype.itemsize,
                             threads=LIST_READ_THREADS)
@@ -135,7 +137,6 @@ class NeighbourLists:
         """Read the lists of nodes [lo, hi) of each range into buf[base:], sequentially (range by range,
         in `io.range_chunks` of entries), through `reader` (default this source's: a loader thread
         passes its own); returns the entries written."""
-        from .io import range_chunks
         reader = reader or self.reader
         pos = base
         for lo, hi in ranges:
@@ -188,7 +189,6 @@ class NeighbourLists:
         """`ids` as read, refused if one is not a node (a store damaged after it was opened must not
         send the sampler out of bounds); one pass over what was read, small beside the read itself."""
         if len(ids) and (int(ids.max()) >= self.num_nodes or (self.dtype.kind == "i" and int(ids.min()) < 0)):
-            from .errors import StoreError
             where = f" (entries from {at})" if at is not None else ""
             raise StoreError(f"store {self.store.path}: indices.bin holds a node id outside 0..{self.num_nodes - 1}"
                              f"{where}; the file is damaged (run `oocgnn info --verify`)")

@@ -14,14 +14,17 @@ import shutil
 import zipfile
 import zlib
 from pathlib import Path
+import warnings
 
 import numba
 import numpy as np
 
 from .atomicdir import swap_in
-from .errors import UserError
 from .blocks import SAMPLER_VERSION
-from .io import PAGE, page_span
+from .errors import UserError
+from .io import page_span
+from .sampler import Sampler, sampled_steps
+from .schedules import make_schedule
 
 DEFAULT_CACHE_DIR = Path(os.environ.get("OOCGNN_TRACE_CACHE",
                                         Path(__file__).resolve().parents[1] / "data" / "traces"))
@@ -313,7 +316,6 @@ def cached_trace(key_params: dict, cache_dir=None, build_fn=None, fmt="npz") -> 
         try:
             trace.save(path)
         except OSError as e:
-            import warnings
             warnings.warn(f"trace cache not written ({e.strerror or e}: {e.filename or path}); the trace "
                           "is used but will be recorded again next time", stacklevel=2)
     return trace
@@ -355,8 +357,6 @@ def record_trace(store, schedule, fanouts, epochs=1, seed=0, cache_dir=None, pro
     """
     from tqdm.auto import tqdm
 
-    from .sampler import Sampler, sampled_steps
-    from .schedules import make_schedule
     fanouts = [int(f) for f in fanouts]
     if isinstance(schedule, str):
         schedule = make_schedule(schedule, store, **({"seed": seed} | schedule_params))

@@ -19,6 +19,9 @@ import platform
 import sys
 import time
 from pathlib import Path
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+import multiprocessing
 
 import numpy as np
 import pandas as pd
@@ -28,13 +31,14 @@ from tqdm.auto import tqdm
 
 from .config import TrainConfig
 from .device import LossMeter, autocast, resolve_device
+from .disttrain import train_distributed
 from .errors import UserError
 from .evaluation import LayerwiseEval
 from .io import IOStats
 from .mixing import mixing
 from .models import build_model
 from .policies import make_plan
-from .rundir import LOG_COLUMNS, STEP_COLUMNS, RunDir, default_run_dir, read_json, resumed_config
+from .rundir import LOG_COLUMNS, STEP_COLUMNS, RunDir, default_run_dir, resumed_config
 from .runtime import Runtime
 from .sampler import Sampler
 from .store import open_store
@@ -119,7 +123,6 @@ def train(cfg: TrainConfig) -> dict:
     checkpoint, with the configuration it was started with, and ends with the same losses as an
     uninterrupted run."""
     if cfg.distributed:                            # one rank of a torchrun job (`oocgnn.disttrain`)
-        from .disttrain import train_distributed
         return train_distributed(cfg)
     t_enter = time.perf_counter()
     reset_peak_rss()                               # this run's peak, not an earlier run's in this process
@@ -345,9 +348,6 @@ def _train(cfg, run, store, plan, runtime, t_enter, device, mix) -> dict:
 def train_fresh(cfg: TrainConfig) -> dict:
     """`train(cfg)` in a fresh interpreter: its peak RSS (and an mmap run's cgroup) then belong to this
     run alone, not to what the calling process did before (notebooks, sweeps)."""
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-    from concurrent.futures.process import BrokenProcessPool
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
         try:
             return pool.submit(train, cfg).result()

@@ -22,8 +22,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from .costmodel import calibrate, measure_disk, predict
 from .errors import UserError
-from .policies import POLICIES
+from .mixing import mixing
+from .plots import save_figure
+from .policies import POLICIES, make_plan
+from .store import open_store
 from .units import parse_size
 
 # knobs tried per policy (each plan's `grid`); a knob's values whose plans do not fit the budget are dropped
@@ -42,8 +46,6 @@ def candidates(store, cfg, policies=None) -> pd.DataFrame:
 
 def _candidates(store, cfg, policies=None) -> tuple:
     """`candidates`, and the plans of the fitting ones by row (built once: OUTRE's profiles its split)."""
-    from .mixing import mixing
-    from .policies import POLICIES, make_plan
     rows, plans = [], {}
     for policy, grid in GRID.items():
         if policy not in POLICIES or (policies and policy not in policies):
@@ -80,7 +82,6 @@ def rank(store, cfg, rates, costs, policies=None, steps=None, progress=True) -> 
     """`candidates` with each fitting one's predicted epoch time (`costmodel.predict`, over the first
     `steps` batches when given), fastest first."""
     from tqdm.auto import tqdm
-    from .costmodel import predict
     df, plans = _candidates(store, cfg, policies)
     out = []
     for i, row in tqdm(df.iterrows(), total=len(df), desc="predicting", disable=not progress, leave=False):
@@ -114,7 +115,7 @@ def run_candidates(cfg, ranking, which, out, seconds=0.0, log=print) -> pd.DataF
     """Train the candidates `which` (index labels of a `rank` frame) for `cfg.epochs` each, in fresh
     processes, each cut to about `seconds` at its predicted step time when given; `ranking` with their
     measured epoch seconds, predicted/measured ratio, accuracies and time to `cfg.target_acc` filled in."""
-    from .train import train_fresh
+    from .train import train_fresh  # torch: imported when used, not with this module
     ranking = ranking.copy()
     for col in ("measured_s", "ratio", "best_val_acc", "test_at_best_val", "time_to_target_s"):
         ranking[col] = ranking.get(col, np.nan)
@@ -142,8 +143,6 @@ def tune(cfg, out, top=3, time_limit=0.0, predict_steps=None, policies=None, cac
     """Rank every candidate under `cfg`'s budget, train the `top` fastest predicted, write the choice to
     `out` (see the module docstring) and return {chosen, ranking, config}. `remeasure_disk`: measure the
     disk's rates now instead of taking the cached ones (a virtual disk's random rate follows its host's cache)."""
-    from .costmodel import calibrate, measure_disk
-    from .store import open_store
     if top < 1:
         raise UserError(f"--top must be >= 1, got {top}")
     if time_limit < 0:
@@ -196,7 +195,6 @@ def _figure(ranking, path, title):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from .plots import save_figure
     fits = ranking[ranking.fits]
     fig, ax = plt.subplots(figsize=(8, max(2.5, 0.28 * len(fits))))
     y = np.arange(len(fits))[::-1]
@@ -222,7 +220,6 @@ def policy_map(stores: dict, fractions, cfg, policies=None, steps=None, cache=No
     """The predicted best policy per (graph, budget): `stores` maps a label (e.g. the graph's mixing) to a
     store, `fractions` are budgets as fractions of each store's feature file. One row per fitting candidate
     and cell, ranked within the cell (`rank`); `best` marks each cell's fastest."""
-    from .costmodel import calibrate, measure_disk
     out = []
     for label, store in stores.items():
         rates = measure_disk(store, cache=cache)

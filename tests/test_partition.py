@@ -154,7 +154,9 @@ def test_cache_is_reused_and_keyed_by_the_graph(tiny_data, tiny_store, tmp_path,
 
 
 def test_fennel_streams_the_store_like_the_array(tiny_data, tiny_store, tiny_parts, monkeypatch):
-    monkeypatch.setattr(P, "CHUNK_EDGES", 1000)    # many chunks from indices.bin
+    import oocgnn.csrsource as C
+    monkeypatch.setattr(C, "CHUNK_EDGES", 1000)    # many chunks from indices.bin
+    assert len(list(C.CSRSource.of(tiny_store).chunks())) > 10
     a, _ = partition(tiny_store, "fennel", K, cache_dir=False)
     assert np.array_equal(a, tiny_parts["fennel"][0])
 

@@ -8,6 +8,7 @@ from typing import Callable
 
 import numpy as np
 
+from .. import units
 from ..errors import UserError
 from ..schedules import Schedule, Step, make_schedule
 from ..units import format_size
@@ -212,8 +213,7 @@ class Plan:
         in use, reclaimable page cache included): `inmemory` on a graph larger than RAM, or a budget larger
         than the machine. Simulating such a plan needs no memory and is not refused."""
         if available is None:
-            from ..units import available_memory
-            available = available_memory()
+            available = units.available_memory()
         need = self.resident_bytes()
         if need > available:
             parts = ", ".join(f"{k} {format_size(v)}" for k, v in self.memory().items())

@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from copy import copy
 
 import numpy as np
 
 from ..errors import UserError
+from ..importance import history_nodes
 from ..units import format_size
 from .base import HistorySpec, register, setting, shared
 from .hierbatching import HierBatchingPlan
@@ -54,7 +56,7 @@ class ComposedPlan(SampleAheadPlan, HierBatchingPlan):
         o = self.options
         self.lookahead = o.superbatch
         if self.history_ratio > 0:
-            from ..models import hidden_width
+            from ..models import hidden_width  # torch: imported when used, not with this module
             self.history = HistorySpec(int(self.history_ratio * store.num_nodes), hidden_width(cfg.model, cfg.hidden),
                                        o.staleness, self._history_nodes)
         if not o.parts_per_megabatch:         # again, with the histories and the samples of a superbatch
@@ -63,7 +65,7 @@ class ComposedPlan(SampleAheadPlan, HierBatchingPlan):
         left = self.budget - self.resident_bytes()
         outside = 0 if self.induces else store.num_nodes - self.setup_rows()   # rows a batch may read outside
         self.cache_rows = int(min(outside, max(0, left) // store.row_bytes))
-        from ..ahead import BeladyFetch
+        from ..ahead import BeladyFetch  # torch: imported when used, not with this module
         self.fetcher = BeladyFetch(self.cache_rows)
         self._groups = (None, None)           # (epoch, its groups' ranges as (lo, hi) arrays)
 
@@ -77,8 +79,6 @@ class ComposedPlan(SampleAheadPlan, HierBatchingPlan):
     def _history_nodes(self):
         """OUTRE §4.3's choice, profiled on an epoch of this schedule's batches with another sampling seed
         (over the whole graph: a disk topology holds no mega-batch's lists while profiling)."""
-        from copy import copy
-        from ..importance import history_nodes
         o, schedule = self.options, copy(self.schedule)
         schedule.restricted = False
         return history_nodes(self.store, self.history_ratio, by=o.history_by, fanouts=self.fanouts,

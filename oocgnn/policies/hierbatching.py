@@ -7,6 +7,7 @@ from functools import cached_property
 import numpy as np
 
 from ..errors import UserError
+from ..partition import partition
 from ..schedules import make_schedule
 from .base import Plan, fraction_or_auto, register, setting
 
@@ -107,7 +108,6 @@ class HierBatchingPlan(Plan):
     def schedule(self):
         o, assignment = self.options, None
         if o.regroup:              # HB−: computed (and cached) on first use, never by the constructor
-            from ..partition import partition
             method, _, parts = o.regroup.partition(":")
             assignment = partition(self.store, method, int(parts), seed=self.seed)[0]
         return make_schedule("megabatch", self.store, batch_size=self.cfg.batch_size, seed=self.seed,

@@ -6,7 +6,9 @@ from functools import cached_property
 
 import numpy as np
 
+from ..buckets import physical_offsets
 from ..errors import UserError
+from ..orderings import ORDERINGS, auto_logical, comet_shape, swap_size
 from ..schedules import make_schedule
 from ..units import format_size
 from .base import Plan, register, setting
@@ -34,7 +36,6 @@ class MariusPlan(Plan):
         prefetch: bool = setting(True, "load the next state's partitions and buckets while this one trains")
 
         def __post_init__(self):
-            from ..orderings import ORDERINGS
             if self.physical_parts < 1 or self.buffer_parts < 0 or self.logical_parts < 0:
                 raise UserError("physical_parts must be >= 1, buffer_parts and logical_parts >= 0 (0: automatic)")
             if self.ordering not in ORDERINGS:
@@ -50,7 +51,6 @@ class MariusPlan(Plan):
         if self.p < 2:
             raise UserError(f"marius needs a partitioned store; {store.path} has 1 part "
                             "(prepare it with --partitioner metis|fennel|random --parts K)")
-        from ..buckets import physical_offsets
         bounds = physical_offsets(store, self.p)
         self.part_rows, self.part_entries = np.diff(bounds), np.diff(np.asarray(store.indptr)[bounds])
         self.c = o.buffer_parts or self._most_that_fit()
@@ -58,7 +58,6 @@ class MariusPlan(Plan):
             raise UserError(f"--buffer-parts {self.c} exceeds the {self.p} physical partitions")
         self.l = o.logical_parts
         if o.ordering == "comet":
-            from ..orderings import auto_logical, comet_shape
             comet_shape(self.p, self.c, self.l or auto_logical(self.p, self.c))
 
     def describe(self):
@@ -82,7 +81,6 @@ class MariusPlan(Plan):
 
     def valid_c(self) -> list:
         """Buffer sizes the ordering accepts at p (COMET: those giving whole r and c_l >= 2 at l)."""
-        from ..orderings import auto_logical, comet_shape
         o, out = self.options, []
         for c in range(1 if o.ordering == "sequential" else 2, self.p + 1):
             if o.ordering == "comet":
@@ -105,7 +103,6 @@ class MariusPlan(Plan):
         return max(fits)
 
     def _swap(self, c) -> int:
-        from ..orderings import swap_size
         return swap_size(self.options.ordering, self.p, c, self.options.logical_parts)
 
     @cached_property

@@ -6,8 +6,13 @@ from functools import cached_property
 
 import numpy as np
 
+from ..cache import make_cache
 from ..errors import UserError
+from ..importance import choose_history_split, history_nodes, history_reuse, importance, ranks
+from ..ranking import top_ids
 from ..schedules import Step, make_schedule
+from ..topology import NeighbourLists, cross_partition_degree, neighbour_cache
+from ..trace import record_trace
 from .base import _EMPTY, HistorySpec, Plan, fraction_or_auto, register, setting
 
 @register
@@ -78,7 +83,7 @@ class OutrePlan(Plan):
         return self.split["cache_split"]
 
     def _history_dim(self) -> int:
-        from ..models import hidden_width
+        from ..models import hidden_width  # torch: imported when used, not with this module
         return hidden_width(self.cfg.model, self.cfg.hidden)
 
     def _auto_split(self, share) -> float:
@@ -92,7 +97,6 @@ class OutrePlan(Plan):
         OUTRE counts every meeting, but the first in a staleness window pushes and spares nothing); rows
         both would save count once (`overlap`). d_embed counts a slot's stamp and size_tab the
         histories' slot table (N·4), as `memory()` does."""
-        from ..importance import choose_history_split, history_reuse
         o, n = self.options, self.store.num_nodes
         if self.cfg.model == "mlp" or len(self.fanouts) < 2 or share <= 4 * n:
             return 0.0
@@ -116,7 +120,6 @@ class OutrePlan(Plan):
         """OUTRE's profiling epoch (`importance.importance`) of this schedule, sampling seed + 1: per node
         its accesses (saved_I/O_feat, what a frequency cache ranks by), pruned-subtree reads
         (saved_gather) and `history_score` (what histories are ranked by: saved_gather or degree)."""
-        from ..importance import importance
         prof = importance(self.store, self.fanouts, schedule=self.schedule, seed=self.seed + 1,
                           topology=self._profiling_lists())
         prof["history_score"] = self.store.degrees() if self.options.history_by == "degree" \
@@ -128,7 +131,6 @@ class OutrePlan(Plan):
         """(profile, `importance.Meetings`) of another epoch (sampling seed + 2): accesses, and the rows
         each hop-1 meeting spares given the histories' ranking, to count the savings of caches chosen
         on `profile` where they were not chosen."""
-        from ..importance import importance, ranks
         held, met = importance(self.store, self.fanouts, schedule=self.schedule, seed=self.seed + 2, meetings=True,
                                rank=ranks(self.profile["history_score"].to_numpy()), topology=self._profiling_lists())
         return held[["accesses"]], met               # what the split counts savings on
@@ -137,7 +139,6 @@ class OutrePlan(Plan):
         """The runtime's lists when it lent them, else all in memory on a memory topology (read for the
         profiling alone: not the store's cached copy, which would stay beside the runtime's own), else read
         from disk as sampled (none kept)."""
-        from ..topology import NeighbourLists
         if self.lists is not None:
             return self.lists
         if self.topology == "memory":
@@ -167,8 +168,6 @@ class OutrePlan(Plan):
 
     def _history_nodes(self):
         """Importance is profiled on an epoch of this schedule with another sampling seed."""
-        from ..ranking import top_ids
-        from ..importance import history_nodes
         o = self.options
         if o.history_ratio == "auto":
             return top_ids(self.profile["history_score"].to_numpy(), self.history.count)
@@ -179,14 +178,12 @@ class OutrePlan(Plan):
     def cache_ids(self) -> np.ndarray:
         """The static feature cache: top `cache_rows` by degree (PaGraph) or by accesses in a profiling
         epoch (OUTRE §4.4), chosen by the replay policies' own code (`oocgnn.cache`)."""
-        from ..cache import make_cache
         if self.cache_rows <= 0:
             return _EMPTY
         if self.options.feature_cache == "degree":
             policy = make_cache("static-degree", self.cache_rows, self.store.num_nodes,
                                 degrees=self.store.degrees())
         else:
-            from ..trace import record_trace
             counts = self.profile["accesses"].to_numpy() if "profile" in self.__dict__ else \
                 record_trace(self.store, self.schedule, self.fanouts, seed=self.seed + 1,
                              cache_dir=False, topology=self.profile_lists()).counts()
@@ -197,7 +194,6 @@ class OutrePlan(Plan):
     def neighbour_ids(self) -> np.ndarray:
         """The static neighbour cache of a disk topology: lists by cross-partition degree (OUTRE §4.2)
         while they fit `neighbour_cache_ratio` of the budget."""
-        from ..topology import cross_partition_degree, neighbour_cache
         isz = np.dtype(self.store.meta["index_dtype"]).itemsize
         return np.sort(neighbour_cache(self.store, cross_partition_degree(self.store), self.neighbour_entries * isz))
 

@@ -6,8 +6,10 @@ from functools import cached_property
 
 import numpy as np
 
+from ..cache import make_cache
 from ..errors import UserError
 from ..schedules import Step
+from ..topology import ginex_score, neighbour_cache
 from ..units import format_size
 from .base import _EMPTY, Plan, register, setting
 
@@ -27,14 +29,14 @@ class SampleAheadPlan(Plan):
 
     def sample_rows(self) -> int:
         """Input rows one sampled batch holds at most (`ahead.sample_bound`)."""
-        from ..ahead import sample_bound
+        from ..ahead import sample_bound  # torch: imported when used, not with this module
         return sample_bound(self.cfg.batch_size, self.fanouts, self.store.num_nodes, self.store.num_edges,
                             self.dense)[0]
 
     def samples_bytes(self, size=None) -> int:
         """Two chunks of `size` (default the plan's) samples and their changesets, and the sample that ends
         the second (`ahead.chunks` sees a chunk end at the next one's first batch), at their bound."""
-        from ..ahead import sample_bound
+        from ..ahead import sample_bound  # torch: imported when used, not with this module
         rows, nbytes = sample_bound(self.cfg.batch_size, self.fanouts, self.store.num_nodes, self.store.num_edges,
                                     self.dense)
         return (2 * (self.lookahead if size is None else size) + 1) * (nbytes + self.change_bytes * rows)
@@ -105,7 +107,7 @@ class GinexPlan(SampleAheadPlan):
         self._choose_topology()
         left = self.budget - self.resident_bytes()
         self.cache_rows = int(min(store.num_nodes, max(0, left) // store.row_bytes))
-        from ..ahead import BeladyFetch
+        from ..ahead import BeladyFetch  # torch: imported when used, not with this module
         self.fetcher = BeladyFetch(self.cache_rows)
 
     def cache_bytes(self):
@@ -114,7 +116,6 @@ class GinexPlan(SampleAheadPlan):
     @cached_property
     def neighbour_ids(self) -> np.ndarray:
         """Ginex's neighbour cache: lists by out-degree / in-degree while they fit its share of the budget."""
-        from ..topology import ginex_score, neighbour_cache
         isz = np.dtype(self.store.meta["index_dtype"]).itemsize
         return np.sort(neighbour_cache(self.store, ginex_score(self.store), self.neighbour_entries * isz))
 
@@ -168,7 +169,7 @@ class MacrobatchPlan(SampleAheadPlan):
         if self.options.static_cache:
             left = self.budget - self.resident_bytes()
             self.cache_rows = int(min(store.num_nodes, max(0, left) // store.row_bytes))
-        from ..ahead import UnionFetch
+        from ..ahead import UnionFetch  # torch: imported when used, not with this module
         static = np.zeros(store.num_nodes, bool)
         static[self.cache_ids] = True
         self.fetcher = UnionFetch(static, self.group_rows())
@@ -190,7 +191,6 @@ class MacrobatchPlan(SampleAheadPlan):
     @cached_property
     def cache_ids(self) -> np.ndarray:
         """The static cache: the `cache_rows` highest-degree rows (`oocgnn.cache`'s static-degree)."""
-        from ..cache import make_cache
         if self.cache_rows <= 0:
             return _EMPTY
         return make_cache("static-degree", self.cache_rows, self.store.num_nodes,
