@@ -23,6 +23,7 @@ On a CPU the background's processor time also delays the model's step, by its sh
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import statistics
 import tempfile
@@ -31,7 +32,6 @@ from dataclasses import asdict, dataclass
 from itertools import islice
 from pathlib import Path
 from types import SimpleNamespace
-import mmap
 
 import numpy as np
 import pandas as pd

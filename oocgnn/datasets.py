@@ -6,12 +6,12 @@ The synthetic generator lives in `synthetic.py`.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from pathlib import Path
 import dataclasses
 import re
 import tempfile
 import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 

@@ -9,10 +9,10 @@ in `oocgnn.readers` the page-cache baseline `MmapReader`, `MemoryReader` and `op
 from __future__ import annotations
 
 import dataclasses
+import mmap
 import os
 import threading
 import time
-import mmap
 
 import numba
 import numpy as np

@@ -14,8 +14,9 @@ but labels and the step stream's groups is read (no features, no lists).
 training set; its thresholds were calibrated on ../shared/datasets (see `MIN_PARTS`, `MAX_TV`).
 """
 from __future__ import annotations
-from math import ceil, floor, lgamma, sqrt
+
 import math
+from math import ceil, floor, lgamma, sqrt
 
 import numpy as np
 

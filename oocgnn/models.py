@@ -14,6 +14,7 @@ first among its sources, which is what `h[:block.num_dst]` uses.
 replace some of its input rows (OUTRE's historical embeddings of layer L−1) and finish.
 """
 from __future__ import annotations
+
 import copy
 
 import torch

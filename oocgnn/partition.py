@@ -27,10 +27,10 @@ import re
 import sys
 import tempfile
 import time
+import warnings
 import zipfile
 import zlib
 from pathlib import Path
-import warnings
 
 import numba
 import numpy as np

@@ -11,16 +11,16 @@ notebook nbval executes as usual.
 from __future__ import annotations
 
 import argparse
+import copy
 import hashlib
 import math
+import multiprocessing
 import os
 import re
 import sys
 import time
-from pathlib import Path
 from concurrent.futures import ProcessPoolExecutor
-import copy
-import multiprocessing
+from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 NOTEBOOKS = REPO / "notebooks"

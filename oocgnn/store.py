@@ -13,6 +13,7 @@ files' CRC32 once, then trusted while a stamp of their size, mtime, ctime and in
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import shutil
 import sys
@@ -21,7 +22,6 @@ import zlib
 from contextlib import contextmanager
 from functools import cached_property
 from pathlib import Path
-import mmap
 
 import numpy as np
 from tqdm.auto import tqdm

@@ -11,10 +11,10 @@ import hashlib
 import json
 import os
 import shutil
+import warnings
 import zipfile
 import zlib
 from pathlib import Path
-import warnings
 
 import numba
 import numpy as np

@@ -14,14 +14,14 @@ timers, I/O, memory accounting, time to a target accuracy) to its run directory.
 from __future__ import annotations
 
 import contextlib
+import multiprocessing
 import os
 import platform
 import sys
 import time
-from pathlib import Path
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-import multiprocessing
+from pathlib import Path
 
 import numpy as np
 import pandas as pd

@@ -1,8 +1,8 @@
 """The composed policy: HierBatching's mega-batches + Ginex's Belady cache + OUTRE's histories."""
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
 from copy import copy
+from dataclasses import dataclass, fields
 
 import numpy as np
 
