@@ -20,7 +20,6 @@ from types import SimpleNamespace
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
-import torch
 
 from .ahead import AheadStage
 from .buffer import PartitionBuffer
@@ -29,7 +28,7 @@ from .errors import UserError
 from .history import HistoryCache, NoHistory
 from .io import IOStats, drop_file_cache, range_chunks
 from .memcap import MemoryCap
-from .resident import READ_CHUNK, CachedReader, request_chunks
+from .resident import CachedReader
 from .sampler import Sampler, induced_csc, sampled_steps
 from .schedules import _ids_of_ranges
 from .topology import NeighbourLists
@@ -229,7 +228,7 @@ class Runtime:
         for step in self.plan.setup():
             if "features" in step.data:
                 if len(step.enter_ids):
-                    self._place_rows(step.enter_ids, rows)
+                    self.cached.read_into(step.enter_ids, rows)
                     self._setup_rows.append(step.enter_ids)
                     rows += len(step.enter_ids)
                 for lo, hi in step.enter_ranges:
@@ -243,18 +242,6 @@ class Runtime:
                     raise UserError("plans keep whole lists in setup ranges only for every node")
                 entries += self.topology.place_ids(step.enter_ids, entries) if len(step.enter_ids) else 0
         self.stage = HistoryCache.of(self.plan.history, self.store.num_nodes) if self.plan.history else NoHistory()
-
-    def _place_rows(self, ids, base, chunk_bytes=READ_CHUNK):
-        """Read rows `ids` into slots base.. (in `ids`' order) a piece at a time (`resident.request_chunks`:
-        the same pages and requests as one call, which the simulator counts), so that the setup never holds
-        its rows twice (a static cache of 1.6 GiB on xlarge did)."""
-        given = np.asarray(ids, dtype=np.int64)
-        order = np.argsort(given, kind="stable")
-        ids = given[order]
-        for lo, hi in request_chunks(self.cached.reader, ids, chunk_bytes):
-            rows = np.ascontiguousarray(self.cached.reader.read_rows(ids[lo:hi]))
-            self.cached.rows[torch.from_numpy(base + order[lo:hi])] = torch.from_numpy(rows)
-        self.cached.point(given, base)
 
     def before(self, step, next_load):
         """Apply the step's residency change before its batch is sampled; `next_load` (the next step

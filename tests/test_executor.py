@@ -244,7 +244,7 @@ def test_setup_rows_read_in_chunks_are_one_calls_reads(fennel16, tmp_path):
     plan = make_plan(fennel16, cfg)
     runtime = Runtime(fennel16, plan)
     ids = np.random.default_rng(0).permutation(fennel16.num_nodes)[:300]
-    runtime._place_rows(ids, 5, chunk_bytes=8 * fennel16.row_stride)
+    runtime.cached.read_into(ids, 5, chunk_bytes=8 * fennel16.row_stride)
     got = runtime.cached.gather(torch.from_numpy(ids)).numpy()
     with DirectReader(fennel16.path / "features.bin", fennel16.num_nodes, fennel16.feat_dim,
                       row_stride=fennel16.row_stride) as one:
