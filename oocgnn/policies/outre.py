@@ -56,7 +56,6 @@ class OutrePlan(Plan):
             raise UserError(f"outre needs a partitioned store; {store.path} has 1 part "
                             "(prepare it with --partitioner metis|fennel --parts K)")
         self.split_table = None       # auto: Eq. 5's predicted benefit per α (`choose_history_split`)
-        self._lists_for_profiling = None
         if o.history_ratio != "auto" and o.history_ratio > 0:
             self.history = HistorySpec(int(o.history_ratio * n), self._history_dim(), o.staleness,
                                        self._history_nodes)
@@ -101,7 +100,6 @@ class OutrePlan(Plan):
         if self.cfg.model == "mlp" or len(self.fanouts) < 2 or share <= 4 * n:
             return 0.0
         prof, (held, met) = self.profile, self.held_out
-        self._lists_for_profiling = None               # sampled from no more: 1.6 GiB on xlarge
         reuse = history_reuse(met, o.staleness, self.cfg.epochs)[met.pair_meeting]   # per spared read
         owner = met.node[met.pair_meeting]
         dim = self._history_dim()
@@ -136,21 +134,18 @@ class OutrePlan(Plan):
         return held[["accesses"]], met               # what the split counts savings on
 
     def _profiling_lists(self):
-        """The runtime's lists when it lent them, else all in memory on a memory topology (read for the
-        profiling alone: not the store's cached copy, which would stay beside the runtime's own), else read
-        from disk as sampled (none kept)."""
+        """The runtime's lists when it lent them, else all in memory on a memory topology (read for this
+        profiling epoch alone and freed with it: the store's cached copy would stay beside the runtime's
+        own), else read from disk as sampled (none kept)."""
         if self.lists is not None:
             return self.lists
         if self.topology == "memory":
-            if self._lists_for_profiling is None:
-                self._lists_for_profiling = NeighbourLists.resident(
-                    self.store, self.store.index_slice(0, self.store.num_edges))
-            return self._lists_for_profiling
+            return NeighbourLists.resident(self.store, self.store.index_slice(0, self.store.num_edges))
         return NeighbourLists(self.store, capacity=0)
 
     def _forget_profiles(self):
         """Keep what the auto split chose (the histories' nodes; a frequency cache's rows) and free its two
-        profiling epochs and their lists before any resident is loaded: on xlarge they held 2.6 GiB beside
+        profiling epochs before any resident is loaded: on xlarge they and their lists held 2.6 GiB beside
         the runtime's own topology all run long (OUTRE's peak 9.3 GiB at a 3.7 GiB budget)."""
         if "profile" in self.__dict__:
             if self.history is not None:
@@ -159,7 +154,6 @@ class OutrePlan(Plan):
                 self.cache_ids                         # noqa: B018
         self.__dict__.pop("profile", None)
         self.__dict__.pop("held_out", None)
-        self._lists_for_profiling = None
 
     @cached_property
     def schedule(self):
