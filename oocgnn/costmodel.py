@@ -259,7 +259,7 @@ def _run_medians(units, seconds, runs) -> pd.DataFrame:
 
 def _points(run, df, measured) -> pd.DataFrame:
     """A calibration run's steps past the warm-up: simulated units beside measured stage seconds."""
-    from .train import WARMUP_STEPS  # torch: imported when used, not with this module
+    from .loop import WARMUP_STEPS  # torch: imported when used, not with this module
     return pd.DataFrame({"run": run, "expanded": _expanded(df), "rows": df["input_nodes"].to_numpy(float),
                          **{k: measured[f"{k}_s"].to_numpy() for k in ("sample", "gather", "compute")}}
                         ).iloc[WARMUP_STEPS:]
@@ -286,7 +286,8 @@ def calibrate(store, cfg, steps=24, cache=None, refresh=False) -> StepCosts:
     sampled inside a community, hold far fewer input rows per expanded node. Cached per store, model and
     settings."""
     from .simulate import simulate  # torch: imported when used, not with this module
-    from .train import WARMUP_STEPS, train  # torch: imported when used, not with this module
+    from .loop import WARMUP_STEPS  # torch: imported when used, not with this module
+    from .train import train  # (as above)
     key, file = _calibration_key(store, cfg), cache_dir(cache) / "calibration.json"
     saved = _load(file)
     if key in saved and not refresh:

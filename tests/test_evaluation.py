@@ -7,11 +7,11 @@ from oocgnn.evaluation import LayerwiseEval
 from oocgnn.models import build_model
 from oocgnn.sampler import Sampler
 from oocgnn.topology import NeighbourLists
-from oocgnn.train import evaluate
+from oocgnn.loop import evaluate
 
 
 def _per_batch_logits(model, sampler, feats, nodes, batch_size):
-    """The oracle: `train.evaluate`'s sampling, logits instead of accuracy."""
+    """The oracle: `loop.evaluate`'s sampling, logits instead of accuracy."""
     model.eval()
     out = []
     with torch.no_grad():
@@ -48,7 +48,7 @@ def test_layerwise_equals_one_batch(setting, model_name, fanouts):
 
 def test_full_neighbourhoods_equal_at_any_batch_size_and_when_spilled(setting):
     """Full neighbourhoods (DGL's offline inference): equal to per-batch evaluation in many batches,
-    also when the budget sends every table to a temporary file; accuracy equals `train.evaluate`'s."""
+    also when the budget sends every table to a temporary file; accuracy equals `loop.evaluate`'s."""
     store, feats, nodes = setting
     torch.manual_seed(1)
     model = build_model("sage", store.feat_dim, 32, store.num_classes, 2)

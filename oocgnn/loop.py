@@ -1,0 +1,383 @@
+"""The training loop every run shares: one process (`train.train`), or each rank of a torchrun job.
+
+It walks the plan's steps through the runtime (`runtime.Runtime.walk`: each step's residency change,
+then its batch sampled), gathers the batch's rows, runs the model through the plan's history stage,
+and does what every run does around that: evaluation, `log.csv`/`steps.csv`/`summary.json`,
+checkpoints and their resume, stage timers. What differs between one process and a rank is its
+`Ranks`: the collectives (gradients averaged after backward, evaluation counts and log totals summed,
+every rank's record gathered) and what it owns (its evaluation nodes); one process's are identities.
+
+Ranks step in lockstep: each epoch of a rank is padded with empty steps (zero gradients, averaged with
+the others') to the most steps any rank has in that epoch (BatchGNN §3 runs ranks alike).
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import platform
+import time
+
+import numpy as np
+import pandas as pd
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from .device import LossMeter, autocast
+from .errors import UserError
+from .evaluation import LayerwiseEval
+from .io import IOStats
+from .models import build_model
+from .rundir import LOG_COLUMNS, STEP_COLUMNS
+from .sampler import Sampler
+from .units import peak_rss
+
+WARMUP_STEPS = 2
+RANK_STATE = ("history", "torch_rng", "numpy_rng", "cuda_rng", "step_rows", "counters", "timers", "bg_timers",
+              "io", "topology_io")      # what a checkpoint keeps of each rank (the rest is the same on every rank)
+
+
+class Ranks:
+    """The ranks a loop runs among; this one is a single process, whose collectives are identities
+    (`disttrain.TorchRanks`: the ranks of a torchrun job)."""
+    rank, world = 0, 1
+
+    def owns(self, ids: np.ndarray) -> np.ndarray:
+        """The nodes of `ids` this rank evaluates."""
+        return ids
+
+    def average_gradients(self, model):
+        """After backward: every parameter's gradient averaged over the ranks."""
+
+    def sum(self, values: list) -> list:
+        return list(values)
+
+    def max(self, values: list) -> list:
+        return list(values)
+
+    def gather(self, obj) -> list:
+        """Every rank's `obj`, in rank order."""
+        return [obj]
+
+
+class Timers:
+    """Seconds per stage (sample, gather, compute, eval), accumulated."""
+
+    def __init__(self):
+        self.s = {}
+
+    @contextlib.contextmanager
+    def __call__(self, stage):
+        t = time.perf_counter()
+        yield
+        self.s[stage] = self.s.get(stage, 0.0) + time.perf_counter() - t
+
+    def timed(self, stage, fn):
+        """`fn` with every call counted in `stage`."""
+        def run(*args, **kw):
+            with self(stage):
+                return fn(*args, **kw)
+        return run
+
+
+def seed_everything(seed: int):
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def evaluate(model, sampler, gather, labels, nodes, batch_size, device="cpu", precision="fp32") -> float:
+    """Accuracy of sampled mini-batch inference on `nodes` (features through `gather`, the model on
+    `device`); batch i is sampled with the sampler's key (seed, 0, i), the same at every evaluation."""
+    model.eval()
+    correct = 0
+    device = torch.device(device)
+    with torch.no_grad():
+        for i, lo in enumerate(range(0, len(nodes), batch_size)):
+            input_nodes, output_nodes, blocks = sampler.sample(nodes[lo:lo + batch_size], 0, i)
+            with autocast(device, precision):
+                pred = model(blocks, gather(input_nodes).to(device)).argmax(1).cpu()
+            correct += int((pred == labels[torch.from_numpy(output_nodes)]).sum())
+    model.train()
+    return correct / max(1, len(nodes))
+
+
+def eval_budget(plan) -> int:
+    """Bytes layer-wise evaluation may hold in RAM (the rest spills to a temporary file): what the plan
+    leaves of the budget, since evaluation runs while the plan's residents are held; a baseline the
+    budget does not bound (inmemory, mmap) evaluates within the budget itself."""
+    if not plan.budgeted:
+        return plan.budget
+    return max(0, plan.budget - plan.resident_bytes())
+
+
+def _next_loads(steps) -> list:
+    """For each step index, the next later step that loads ranges (what a prefetcher loads)."""
+    out, nxt = [None] * len(steps), None
+    for i in range(len(steps) - 1, -1, -1):
+        out[i] = nxt
+        if steps[i][2].enter_ranges:
+            nxt = steps[i][2]
+    return out
+
+
+def _position(runtime, steps, start):
+    """Bring the runtime's residency to what it is before step `start`: load that step's group (in the
+    foreground: the next group then loads as an uninterrupted run's would, its reads counted alike)."""
+    j = next((k for k in range(start - 1, -1, -1) if steps[k][2].enter_ranges), None)
+    if j is not None and not steps[start][2].enter_ranges:
+        runtime.before(steps[j][2], None)
+
+
+def _slots(steps, epochs, ranks) -> list:
+    """The run's steps in order: each of this rank's step indices, and None for the empty steps that pad
+    an epoch to the most steps a rank has in it (one process: none)."""
+    mine = np.bincount([e for e, _, _ in steps], minlength=epochs).tolist()
+    most = ranks.max(mine)
+    out, j = [], 0
+    for e in range(epochs):
+        out += [(e, i) for i in range(j, j + mine[e])] + [(e, None)] * (int(most[e]) - mine[e])
+        j += mine[e]
+    return out
+
+
+def run_loop(cfg, run, store, plan, runtime, t_enter, device, mix, ranks=None, facts=None) -> dict:
+    """Train `plan` through `runtime`; returns the summary (rank 0 writes the run directory). `facts`:
+    more of config.json (a distributed run's world and owners)."""
+    ranks = ranks or Ranks()
+    writes = ranks.rank == 0
+    sampler = runtime.sampler
+    if not cfg.resume and writes:
+        run.write_json("config.json", {
+            **cfg.to_dict(), "store_meta": {k: store.meta[k] for k in
+                                            ("name", "num_nodes", "num_edges", "feat_dim", "num_parts")},
+            "policy_memory": plan.memory(), "schedule": repr(plan.schedule), "topology": plan.topology,
+            "host": {"python": platform.python_version(), "torch": torch.__version__, "cpus": os.cpu_count(),
+                     "device": str(device), "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+                     "loadavg": open("/proc/loadavg").read().split()[:3]}, **(facts or {})})
+
+    labels = torch.from_numpy(store.compact_labels())
+    model = build_model(cfg.model, store.feat_dim, cfg.hidden, store.num_classes, cfg.layers, cfg.dropout)
+    model.to(device)                               # initialised on the CPU: the same weights on any device
+    opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+    losses = LossMeter(device)                     # on a GPU, read one step late (no sync per step)
+    eval_sets, eval_totals = {}, {}
+    for split, ids in (("val", store.val_idx), ("test", store.test_idx)):
+        if cfg.max_eval_nodes and len(ids) > cfg.max_eval_nodes:
+            ids = np.sort(np.random.default_rng(cfg.seed + 1).choice(ids, cfg.max_eval_nodes, replace=False))
+        eval_sets[split], eval_totals[split] = ranks.owns(ids), len(ids)
+
+    steps = list(plan.steps(cfg.epochs))          # deterministic; listed once for lookahead
+    slots = _slots(steps, cfg.epochs, ranks)      # one process: (epoch, i) of every step
+    epoch_steps = sum(1 for e, _ in slots if e == 0)
+    truncated = 0 < cfg.max_steps < len(slots)
+    if truncated:
+        slots = slots[:cfg.max_steps]
+        steps = steps[:sum(1 for _, i in slots if i is not None)]
+    next_load = _next_loads(steps)
+    timers, rows, step_rows = Timers(), [], []
+    st = {"train_s": 0.0, "loss_sum": 0.0, "loss_n": 0}
+    excluded = IOStats()                           # reads of the setup, of evaluation, of a resume's reload
+    carried, carried_topology = IOStats(), IOStats()   # what a resumed run read before its checkpoint
+
+    def add_losses(known):
+        for j, ep, value in known:
+            if not np.isfinite(value):
+                raise UserError(f"training diverged at step {j} (epoch {ep}): the loss is {value}; "
+                                f"lower --lr (now {cfg.lr}) or check the features")
+            st["loss_sum"], st["loss_n"] = st["loss_sum"] + value, st["loss_n"] + 1
+
+    def accuracies():
+        if layerwise is not None:                  # its reads: its own reader, never the run's
+            accs = layerwise.accuracy(model, labels, eval_sets, device, cfg.precision)
+        else:
+            accs = {s: evaluate(model, eval_sampler, runtime.eval_rows, labels, ids, cfg.eval_batch_size,
+                                device, cfg.precision)
+                    for s, ids in eval_sets.items()}
+        if ranks.world == 1:
+            return accs
+        correct = ranks.sum([round(accs[s] * len(eval_sets[s])) for s in eval_sets])
+        return {s: c / max(1, eval_totals[s]) for s, c in zip(eval_sets, correct)}
+
+    def log_eval(epoch, step):
+        add_losses(losses.flush())
+        before = runtime.io()
+        with timers("eval"):
+            accs = accuracies()
+        if layerwise is None and runtime.eval_reader is None:   # else a background load may be what was read
+            excluded.__iadd__(runtime.io() - before)
+        io = runtime.io() - excluded + carried
+        loss_sum, loss_n, bytes_read, requests = ranks.sum([st["loss_sum"], st["loss_n"], io.bytes_read, io.requests])
+        wall_s, rss = ranks.max([st["train_s"], peak_rss()])
+        rows.append({"wall_s": round(wall_s, 4), "epoch": epoch, "step": step,
+                     "train_loss": loss_sum / loss_n if loss_n else float("nan"),
+                     "val_acc": accs["val"], "test_acc": accs["test"],
+                     "bytes_read": int(bytes_read), "requests": int(requests), "peak_rss": int(rss)})
+        st["loss_sum"], st["loss_n"] = 0.0, 0
+        if writes:
+            run.write_csv("log.csv", pd.DataFrame(rows, columns=LOG_COLUMNS))
+        return accs
+
+    def checkpoint(step):
+        add_losses(losses.flush())
+        ahead, ahead_lists = runtime.loader.pending_io()   # a resumed run reads that group again
+        mine = {"history": runtime.state(), "torch_rng": torch.get_rng_state(), "numpy_rng": np.random.get_state(),
+                "cuda_rng": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
+                "step_rows": step_rows, "counters": dict(st), "timers": dict(timers.s),
+                "bg_timers": dict(runtime.timers), "io": (runtime.io() - excluded + carried - ahead).as_dict(),
+                "topology_io": (runtime.topology_io() - setup_topology_io + carried_topology - ahead_lists).as_dict()}
+        every = ranks.gather(mine)
+        if writes:
+            run.save_checkpoint({"step": step, "model": model.state_dict(), "opt": opt.state_dict(), "rows": rows,
+                                 **(mine if ranks.world == 1 else {"ranks": every})})
+
+    def empty_step():
+        """A padding step: no batch, this rank's zero gradients averaged with the others'."""
+        with timers("compute"):
+            opt.zero_grad()
+            ranks.average_gradients(model)
+            opt.step()
+
+    start = real_start = 0
+    bar = tqdm(total=len(slots), desc=cfg.policy, unit="step", disable=not cfg.progress, leave=False)
+    with runtime.memory_cap():
+        runtime.setup()                            # run-long residents: outside the timed epochs
+        eval_fanouts = [int(f) for f in cfg.eval_fanouts.split(",")]
+        eval_sampler = Sampler(runtime.eval_topology, eval_fanouts, cfg.seed + 7)
+        layerwise = None if cfg.eval_mode == "batch" or cfg.model == "mlp" else LayerwiseEval(
+            eval_sampler, eval_fanouts, np.concatenate(list(eval_sets.values())), store.feat_dim,
+            runtime.stream_rows, eval_budget(plan))
+        if cfg.resume:
+            state = run.load_checkpoint()
+            start = state["step"]
+            real_start = sum(1 for _, i in slots[:start] if i is not None)
+            mine = state if ranks.world == 1 else state["ranks"][ranks.rank]
+            model.load_state_dict(state["model"])
+            opt.load_state_dict(state["opt"])
+            runtime.load_state(mine["history"])
+            rows[:], step_rows[:] = state["rows"], mine["step_rows"]
+            st.update(mine["counters"])
+            timers.s.update(mine["timers"])
+            runtime.timers.update(mine["bg_timers"])
+            carried, carried_topology = IOStats(**mine["io"]), IOStats(**mine["topology_io"])
+            if real_start < len(steps):
+                _position(runtime, steps, real_start)
+            torch.set_rng_state(mine["torch_rng"])
+            if device.type == "cuda" and mine.get("cuda_rng") is not None:
+                torch.cuda.set_rng_state(mine["cuda_rng"], device)
+            np.random.set_state(mine["numpy_rng"])
+            bar.update(start)
+        setup_io, setup_topology_io = runtime.io(), runtime.topology_io()
+        excluded += setup_io
+        if not cfg.resume:
+            log_eval(0, 0)                         # accuracy at time 0; also part of the warm-up
+        elif real_start >= WARMUP_STEPS:
+            runtime.end_warmup()
+        setup_s = time.perf_counter() - t_enter
+        walk = iter(runtime.walk(steps, timers.timed("sample", sampler.sample),
+                                 before=timers.timed("load", lambda i, step: runtime.before(step, next_load[i])),
+                                 start=real_start))
+        io0, t0, stage0 = runtime.io(), time.perf_counter(), dict(timers.s)
+        for g in range(start, len(slots)):
+            epoch, i = slots[g]
+            if i is None:
+                empty_step()
+            else:
+                i, epoch, b, step, sample = next(walk)   # loads the step's ranges, then samples its batch
+                with timers("gather"):
+                    x, ctx = runtime.inputs(sample, i)
+                with timers("h2d"):                # a no-op on the CPU; on a GPU, queued on a side stream
+                    x, y = runtime.to_device([x, labels[torch.from_numpy(sample.output_nodes)].long()], ctx)
+                with timers("compute"):
+                    with autocast(device, cfg.precision):
+                        logits = runtime.forward(model, ctx, x, i)
+                    loss = F.cross_entropy(logits.float(), y)
+                    opt.zero_grad()
+                    loss.backward()
+                    ranks.average_gradients(model)
+                    opt.step()
+                    add_losses(losses.push(i, epoch, loss))   # a GPU waits here for the previous step
+                del x, y, ctx, sample
+            step_s = time.perf_counter() - t0
+            st["train_s"] += step_s
+            if i is not None:
+                sio = runtime.io() - io0
+                spent = {k: timers.s.get(k, 0.0) - stage0.get(k, 0.0) for k in ("sample", "gather", "h2d", "compute")}
+                step_rows.append((epoch, b, step_s, sio.bytes_read, sio.pages, sio.requests, sio.seconds,
+                                  spent["sample"], spent["gather"], spent["h2d"] + spent["compute"]))
+            bar.update()
+            if i is not None and i + 1 == WARMUP_STEPS:
+                runtime.end_warmup()               # e.g. mmap: cap at budget + measured working set
+            last_of_epoch = g + 1 == len(slots) or slots[g + 1][0] != epoch
+            if (cfg.eval_every and (g + 1) % cfg.eval_every == 0) or (not cfg.eval_every and last_of_epoch) \
+                    or g + 1 == len(slots):
+                accs = log_eval(epoch, g + 1)
+                bar.set_postfix(val=f"{accs['val']:.3f}", loss=f"{rows[-1]['train_loss']:.3f}")
+            if cfg.checkpoint_every and (g + 1) % cfg.checkpoint_every == 0 and g + 1 < len(slots):
+                checkpoint(g + 1)
+            if i is not None:
+                steps[i] = next_load[i] = None     # a finished group's visible set can go
+            io0, t0, stage0 = runtime.io(), time.perf_counter(), dict(timers.s)
+        for _ in walk:                             # (none left: the walk ends with its last step)
+            raise AssertionError("the runtime walked more steps than the run has")
+        if len(steps) < WARMUP_STEPS:
+            runtime.end_warmup()
+        add_losses(losses.flush())
+    bar.close()
+    cap_record = runtime.cap_record()
+    io = runtime.io() - excluded + carried
+    topology_io = runtime.topology_io() - setup_topology_io + carried_topology
+    reader = type(runtime.cached.reader).__name__
+
+    log = pd.DataFrame(rows, columns=LOG_COLUMNS)
+    if writes:
+        run.write_csv("steps.csv", pd.DataFrame(step_rows, columns=STEP_COLUMNS))
+    # a run cut by max_steps is extrapolated to a whole epoch at its mean step rate
+    train_s = st["train_s"]
+    epochs_run = len(slots) / max(1, epoch_steps) if truncated else cfg.epochs
+    best = int(log["val_acc"].idxmax())
+    reached = log[log["val_acc"] >= cfg.target_acc] if cfg.target_acc else log.iloc[:0]
+    stage = {k: round(v, 3) for k, v in {**timers.s, **{f"bg_{k}": v for k, v in runtime.timers.items()}}.items()}
+    summary = {
+        "policy": cfg.policy, "model": cfg.model, "store": str(store.path), "seed": cfg.seed,
+        "epochs": cfg.epochs, "steps": len(slots), "epoch_steps": epoch_steps, "resumed_at": start,
+        "train_s": round(train_s, 3), "epoch_s": round(train_s / epochs_run, 3),
+        "setup_s": round(setup_s, 3), "stage_s": stage,
+        "best_val_acc": float(log["val_acc"][best]), "test_at_best_val": float(log["test_acc"][best]),
+        "final_val_acc": float(log["val_acc"].iloc[-1]), "final_test_acc": float(log["test_acc"].iloc[-1]),
+        "target_acc": cfg.target_acc,
+        "time_to_target_s": float(reached["wall_s"].iloc[0]) if len(reached) else None,
+        "io": {**io.as_dict(), "reader": reader},
+        "io_setup": setup_io.as_dict(),
+        "topology": plan.topology, "topology_io": topology_io.as_dict(),
+        "topology_io_setup": setup_topology_io.as_dict(),
+        "io_excluded": (excluded - setup_io).as_dict(),
+        "memory": plan.memory(), "resident_bytes": plan.resident_bytes(),
+        "memory_budget": cfg.memory_budget_bytes, "memory_cap": cap_record, "peak_rss": peak_rss(),
+        "history_hits": runtime.history_hits, "mixing": mix,
+        "eval_mode": "layerwise" if layerwise is not None else "batch",
+        "eval_memory": layerwise.memory() if layerwise is not None else None,
+        "eval_budget": layerwise.budget if layerwise is not None else None,
+        "eval_spilled": layerwise.spilled if layerwise is not None else None,
+        "device": str(device), "precision": cfg.precision,
+        "h2d": {"bytes": runtime.h2d.bytes, "pinned_bytes": runtime.h2d.pinned_bytes},
+    }
+    summary.update(plan.describe())              # the policy's own knobs (HierBatching's rule, a buffer, a split, ...)
+    if ranks.world > 1:
+        summary.update(_ranks_summary(summary, ranks, steps, epochs_run))
+    if writes:
+        run.write_json("summary.json", summary)
+    return {**summary, "run_dir": str(run.path), "log": log}
+
+
+def _ranks_summary(summary, ranks, steps, epochs_run) -> dict:
+    """A distributed run's summary: every rank's steps, I/O, time and peak; I/O totals over the ranks."""
+    keys = ("io", "io_setup", "topology_io", "topology_io_setup", "io_excluded", "train_s", "peak_rss",
+            "memory", "resident_bytes", "history_hits", "stage_s", "memory_cap")
+    every = ranks.gather({"rank": ranks.rank, "own_steps": len(steps), **{k: summary[k] for k in keys}})
+    total = {k: {f: sum(r[k][f] for r in every) for f in every[0][k] if f != "reader"}
+             for k in ("io", "topology_io", "io_setup", "topology_io_setup", "io_excluded")}
+    total["io"]["reader"] = summary["io"]["reader"]
+    train_s = max(r["train_s"] for r in every)
+    return {**total, "distributed": True, "world": ranks.world, "ranks": every, "train_s": train_s,
+            "epoch_s": round(train_s / epochs_run, 3),
+            "peak_rss": max(r["peak_rss"] for r in every)}
