@@ -185,10 +185,11 @@ def _cmd_train(args):
     s = train(cfg)
     if s.get("distributed"):
         if s["run_dir"]:                           # rank 0
-            x = s["exchange"]
+            moved = (f"exchanged {s['exchange']['rows_recv']:,} rows ({s['exchange']['bytes_recv'] / 2**20:.1f} MiB "
+                     "received over all ranks)") if "exchange" in s else \
+                f"read {s['io']['bytes_read'] / 2**20:.1f} MiB over all ranks"
             print(f"{s['run_dir']}: {s['world']} ranks, {s['epochs']} epochs in {s['train_s']:.1f} s, best val "
-                  f"{s['best_val_acc']:.4f}, test at best val {s['test_at_best_val']:.4f}, exchanged "
-                  f"{x['rows_recv']:,} rows ({x['bytes_recv'] / 2**20:.1f} MiB received over all ranks)")
+                  f"{s['best_val_acc']:.4f}, test at best val {s['test_at_best_val']:.4f}, {moved}")
         return
     print(f"{s['run_dir']}: {s['epochs']} epochs in {s['train_s']:.1f} s, best val "
           f"{s['best_val_acc']:.4f}, test at best val {s['test_at_best_val']:.4f}, "
@@ -418,7 +419,7 @@ def build_parser() -> argparse.ArgumentParser:
                                     "predicted_vs_measured.png to --out. Disk rates and calibrations are "
                                     "cached (--cache-dir).")
     _add_settings(tu, exclude=("policy", "out", "resume", "max_steps", "checkpoint_every", "force",
-                                  "distributed", "dist_timeout"))
+                                  "distributed", "rank_data", "dist_timeout"))
     tu.add_argument("--out", default=None, help="tune directory (default runs/tune-<store>-<budget>)")
     tu.add_argument("--top", type=int, default=3, help="candidates trained after the prediction (default 3)")
     tu.add_argument("--time-limit", type=float, default=0.0,
@@ -443,7 +444,7 @@ def build_parser() -> argparse.ArgumentParser:
                                     "grid knobs that fit; one that cannot fit or fails is a row saying why. "
                                     "numba's cache is primed by untimed steps before any timing.")
     _add_settings(co, exclude=("policy", "out", "resume", "max_steps", "checkpoint_every", "force", "seeds",
-                               "distributed", "dist_timeout"))
+                               "distributed", "rank_data", "dist_timeout"))
     co.add_argument("--policies", default="",
                     help="policies to compare, comma-separated (default: inmemory,mmap,hierbatching,outre,ginex,"
                          "macrobatch,marius,composed)")

@@ -91,10 +91,13 @@ class TrainConfig:
     resume: str = setting("", "continue the killed run in this directory from its last checkpoint, with the "
                               "settings it was started with")
     distributed: bool = setting(False, "run as one rank of a torchrun job: ranks own contiguous ranges of the "
-                                       "store's partitions (STORE may be a `prepare --shards R` directory), remote "
-                                       "neighbour lists and feature rows come by macrobatched all_to_all "
-                                       "(k = --macrobatch), DDP averages gradients; policies inmemory | macrobatch | "
-                                       "hierbatching, --memory-budget per rank")
+                                       "store's partitions and train on their own training nodes, gradients "
+                                       "averaged; --memory-budget per rank (see --rank-data)")
+    rank_data: str = setting("auto", "what a distributed rank reads: own (only its own rows and lists, remote "
+                                     "ones by macrobatched all_to_all, k = --macrobatch; inmemory | macrobatch | "
+                                     "hierbatching; STORE may be a `prepare --shards R` directory) | shared (the "
+                                     "whole store, which every rank reads, through its policy: every policy) | "
+                                     "auto (own for the policies it runs, else shared)")
     dist_timeout: float = setting(120.0, "seconds a distributed collective waits for the other ranks before the "
                                          "run fails (a dead rank ends the others, never a hang)")
     memory_budget_bytes: int = field(init=False, default=0)     # memory_budget, parsed once
@@ -139,6 +142,8 @@ class TrainConfig:
         if not (0 <= self.neighbour_cache_ratio <= 1 or self.neighbour_cache_ratio == -1):
             raise UserError(f"neighbour_cache_ratio is a fraction in [0, 1] (or -1: the policy's default), "
                             f"got {self.neighbour_cache_ratio}")
+        if self.rank_data not in ("auto", "own", "shared"):
+            raise UserError(f"rank_data must be auto, own or shared, got {self.rank_data!r}")
         if self.dist_timeout <= 0:
             raise UserError(f"dist_timeout must be > 0 seconds, got {self.dist_timeout}")
         history = self.get("history_ratio")       # auto gives the MLP no histories

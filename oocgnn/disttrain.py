@@ -18,6 +18,7 @@ all-reduce over gloo. Batches reach the GPU through `device.HostToDevice` as in 
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import time
@@ -29,12 +30,14 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from .distributed import Exchange, RankFeatures, batch_key, fetch_macrobatch, sample_macrobatch, steps_per_epoch
-from .rankplans import make_rank_plan
+from .distributed import (Exchange, RankFeatures, batch_key, fetch_macrobatch, owner_bounds, sample_macrobatch,
+                          steps_per_epoch)
+from .loop import Ranks
+from .rankplans import RANK_POLICIES, make_rank_plan
 from .device import HostToDevice, resolve_device
 from .errors import UserError
 from .models import build_model
-from .rundir import RunDir, default_run_dir, read_json, resumed_config
+from .rundir import RunDir, default_run_dir, read_json
 from .sampler import Sampler
 from .shards import RankData
 from .units import peak_rss
@@ -43,22 +46,36 @@ LOG_COLUMNS = ["wall_s", "epoch", "step", "train_loss", "val_acc", "test_acc", "
                "bytes_recv", "peak_rss"]
 
 
-def train_distributed(cfg) -> dict:
-    """Run this process's rank of a torchrun job (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set)."""
+def exchanges(cfg) -> bool:
+    """Whether this run's ranks each hold only their own rows and exchange the rest (BatchGNN's way:
+    `--rank-data own`; a shards directory, or auto for the policies with a rank plan) rather than each
+    reading the shared store through the policy (`--rank-data shared`: every registered policy)."""
+    sharded = (Path(cfg.store) / "shards.json").is_file()
+    if cfg.rank_data == "shared" and sharded:
+        raise UserError(f"{cfg.store} holds per-rank shards: a rank reads only its own rows there, so "
+                        "--rank-data shared cannot run on it (give the store itself)")
+    if cfg.rank_data == "own" or sharded:
+        if cfg.policy not in RANK_POLICIES:
+            raise UserError(f"--rank-data own (ranks holding only their own rows) runs {', '.join(RANK_POLICIES)}; "
+                            f"{cfg.policy} runs with --rank-data shared on a store every rank reads")
+        return True
+    return cfg.rank_data == "auto" and cfg.policy in RANK_POLICIES
+
+
+@contextlib.contextmanager
+def joined(cfg):
+    """This process's rank of a torchrun job (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set), as
+    `TorchRanks`; a failed collective (a dead rank, a timeout) ends it with a clear error."""
     import torch.distributed as dist
     if not all(v in os.environ for v in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")):
         raise UserError("--distributed runs under torchrun, e.g. torchrun --nproc-per-node 2 -m oocgnn train "
                         "STORE --distributed (RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT are not set)")
-    run = None
-    if cfg.resume:                                 # every rank reads the checkpoint; rank 0 writes on
-        run = RunDir.create(cfg.resume, resume=True)
-        cfg = resumed_config(cfg, run)
     device = rank_device(cfg.device)
-    dist.init_process_group("gloo", timeout=timedelta(seconds=cfg.dist_timeout))
+    timeout = timedelta(seconds=cfg.dist_timeout)
+    dist.init_process_group("gloo", timeout=timeout)
     rank, world = dist.get_rank(), dist.get_world_size()
     try:
-        grads = gradient_group(device, world, timedelta(seconds=cfg.dist_timeout))
-        out = _run(cfg, rank, world, run, device, grads)
+        yield TorchRanks(rank, world, device, gradient_group(device, world, timeout))
     except UserError:
         raise
     except (RuntimeError, dist.DistError) as e:
@@ -66,7 +83,94 @@ def train_distributed(cfg) -> dict:
         raise UserError(f"rank {rank} of {world}: a collective failed: another rank died or did not answer "
                         f"within --dist-timeout {cfg.dist_timeout:g} s ({first[:300]})") from None
     dist.destroy_process_group()
-    return out
+
+
+class TorchRanks(Ranks):
+    """The ranks of a torchrun job, for `loop.run_loop`: gradients all-reduced (nccl when every rank has
+    a GPU of its own, else gloo), the rest over gloo; each rank owns a contiguous range of the store's
+    partitions (`distributed.owner_bounds`, set by `view`)."""
+
+    def __init__(self, rank, world, device, grads=None):
+        self.rank, self.world, self.device, self.grads = rank, world, device, grads
+        self.bounds = None
+
+    def view(self, store) -> "RankView":
+        self.bounds = owner_bounds(store.part_offsets, self.world)
+        return RankView(store, self.bounds, self.rank)
+
+    def owns(self, ids):
+        return _owned(ids, self.bounds, self.rank)
+
+    def average_gradients(self, model):
+        import torch.distributed as dist
+        params = [p for p in model.parameters() if p.requires_grad]
+        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
+        dist.all_reduce(flat, group=self.grads)
+        flat /= self.world
+        at = 0
+        for p in params:
+            p.grad = flat[at:at + p.numel()].view_as(p)
+            at += p.numel()
+
+    def _reduce(self, values, op):
+        import torch.distributed as dist
+        t = torch.tensor([float(v) for v in values], dtype=torch.float64)
+        dist.all_reduce(t, op=op)
+        return t.tolist()
+
+    def sum(self, values):
+        import torch.distributed as dist
+        return self._reduce(values, dist.ReduceOp.SUM)
+
+    def max(self, values):
+        import torch.distributed as dist
+        return self._reduce(values, dist.ReduceOp.MAX)
+
+    def gather(self, obj):
+        import torch.distributed as dist
+        every = [None] * self.world
+        dist.all_gather_object(every, obj)
+        return every
+
+    @contextlib.contextmanager
+    def one_at_a_time(self):
+        import torch.distributed as dist
+        if self.rank:
+            dist.barrier()
+        yield
+        if not self.rank:
+            dist.barrier()
+
+    def share(self, obj):
+        """Rank 0's `obj` on every rank."""
+        import torch.distributed as dist
+        box = [obj]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+
+def rank_config(cfg, world):
+    """The configuration a rank's plan runs with: the global batch split over the ranks (ceil(B / R)
+    seeds a rank's batch), so that an epoch takes about as many steps as in one process."""
+    return cfg.replace(batch_size=-(-cfg.batch_size // world))
+
+
+class RankView:
+    """A rank's view of the shared store: the store, but its training nodes are the rank's own (those
+    in [bounds[rank], bounds[rank + 1])): a policy's plan over it is that policy run on this rank's share,
+    and `simulate(view, plan)` is this rank's I/O."""
+
+    def __init__(self, store, bounds, rank):
+        self.store, self.bounds, self.rank = store, bounds, rank
+        self.train_idx = _owned(np.asarray(store.train_idx), bounds, rank)
+
+    def __getattr__(self, name):
+        return getattr(self.store, name)
+
+
+def train_exchanging(cfg, ranks, run) -> dict:
+    """This rank of a run whose ranks hold only their own rows (`exchanges`)."""
+    return _run(cfg, ranks.rank, ranks.world, run, ranks.device, ranks.grads)
 
 
 def rank_device(name) -> torch.device:

@@ -59,6 +59,11 @@ class Ranks:
         """Every rank's `obj`, in rank order."""
         return [obj]
 
+    @contextlib.contextmanager
+    def one_at_a_time(self):
+        """Rank 0 runs the block first, the others after it (what it writes, they find written)."""
+        yield
+
 
 class Timers:
     """Seconds per stage (sample, gather, compute, eval), accumulated."""
@@ -366,7 +371,7 @@ def run_loop(cfg, run, store, plan, runtime, t_enter, device, mix, ranks=None, f
         summary.update(_ranks_summary(summary, ranks, steps, epochs_run))
     if writes:
         run.write_json("summary.json", summary)
-    return {**summary, "run_dir": str(run.path), "log": log}
+    return {**summary, "run_dir": str(run.path) if writes else "", "log": log}
 
 
 def _ranks_summary(summary, ranks, steps, epochs_run) -> dict:

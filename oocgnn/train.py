@@ -24,12 +24,12 @@ import torch
 
 from .config import TrainConfig
 from .device import resolve_device
-from .disttrain import train_distributed
+from .disttrain import exchanges, joined, rank_config, train_exchanging
 from .errors import UserError
-from .loop import run_loop, seed_everything
+from .loop import Ranks, run_loop, seed_everything
 from .mixing import mixing
 from .policies import make_plan
-from .rundir import RunDir, default_run_dir, resumed_config
+from .rundir import RunDir, default_run_dir, read_json, resumed_config
 from .runtime import Runtime
 from .store import open_store
 from .units import format_size, reset_peak_rss
@@ -43,35 +43,61 @@ def train(cfg: TrainConfig) -> dict:
     With `cfg.checkpoint_every` it saves the model, the optimiser, the random state and the policy's
     state every so many steps; `cfg.resume` (a run directory) continues such a run from its last
     checkpoint, with the configuration it was started with, and ends with the same losses as an
-    uninterrupted run."""
-    if cfg.distributed:                            # one rank of a torchrun job (`oocgnn.disttrain`)
-        return train_distributed(cfg)
+    uninterrupted run. With `cfg.distributed` this process is one rank of a torchrun job
+    (`oocgnn.disttrain`): the same loop over its share of the training nodes."""
     t_enter = time.perf_counter()
     reset_peak_rss()                               # this run's peak, not an earlier run's in this process
-    if cfg.resume:
+    run = None
+    if cfg.resume:                                 # (every rank reads the checkpoint; rank 0 writes on)
         run = RunDir.create(cfg.resume, resume=True)
         cfg = resumed_config(cfg, run)
+    if not cfg.distributed:
+        return _train(cfg, run, Ranks(), t_enter)
+    with joined(cfg) as ranks:
+        if exchanges(cfg):                         # ranks holding only their own rows (BatchGNN's exchanges)
+            return train_exchanging(cfg, ranks, run)
+        return _train(cfg, run, ranks, t_enter)
+
+
+def _train(cfg, run, ranks, t_enter) -> dict:
+    world = ranks.world
+    if run is None and ranks.rank == 0:
+        default = default_run_dir(cfg) if world == 1 else Path(f"{default_run_dir(cfg)}-r{world}")
+        run = RunDir.create(Path(cfg.out) if cfg.out else default, force=cfg.force)
+    if world > 1:
+        shared = ranks.share((str(run.path), run.run_id) if ranks.rank == 0 else None)
+        run = run or RunDir(Path(shared[0]), shared[1])
+        device = ranks.device
     else:
-        run = RunDir.create(Path(cfg.out) if cfg.out else default_run_dir(cfg), force=cfg.force)
-    device = resolve_device(cfg.device)            # before any work: a missing GPU is one line
+        device = resolve_device(cfg.device)        # before any work: a missing GPU is one line
     store = open_store(cfg.store)
     for split in ("train", "val"):
         if not len(getattr(store, f"{split}_idx")):
             raise UserError(f"{store.path}: the {split} split is empty; a run needs training and validation nodes")
+    facts = {}
+    if world > 1:
+        store = ranks.view(store)                  # the policy over this rank's training nodes
+        facts = {"world": world, "owner_bounds": ranks.bounds.tolist(), "rank_data": "shared",
+                 "rank_batch_size": rank_config(cfg, world).batch_size}
+        if cfg.resume and read_json(run.path / "config.json").get("world") != world:
+            raise UserError(f"{run.path} is a run of {read_json(run.path / 'config.json').get('world')} ranks; "
+                            f"resume it with as many, not {world}")
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     seed_everything(cfg.seed)
-    plan = make_plan(store, cfg)
-    plan.check_machine()                           # what cannot be resident here is refused before any read
-    mix = mixing(plan)                             # from labels and the plan's groups: no I/O
-    if mix["warning"]:
-        print(f"oocgnn: warning: {plan.name}: {mix['warning']}", file=sys.stderr)
-    if not plan.budgeted and plan.resident_bytes() > plan.budget:
-        print(f"oocgnn: note: {plan.name} keeps {format_size(plan.resident_bytes())} resident, more than the "
-              f"{format_size(plan.budget)} budget (it is a baseline: the budget does not bound it)", file=sys.stderr)
-    runtime = Runtime(store, plan, device)
+    with ranks.one_at_a_time():                    # what a plan derives once (edge buckets): rank 0 writes it
+        plan = make_plan(store, rank_config(cfg, world) if world > 1 else cfg)
+        plan.check_machine()                       # what cannot be resident here is refused before any read
+        mix = mixing(plan)                         # from labels and the plan's groups: no I/O
+        if mix["warning"] and ranks.rank == 0:
+            print(f"oocgnn: warning: {plan.name}: {mix['warning']}", file=sys.stderr)
+        if not plan.budgeted and plan.resident_bytes() > plan.budget and ranks.rank == 0:
+            print(f"oocgnn: note: {plan.name} keeps {format_size(plan.resident_bytes())} resident, more than the "
+                  f"{format_size(plan.budget)} budget (it is a baseline: the budget does not bound it)",
+                  file=sys.stderr)
+        runtime = Runtime(store, plan, device)
     try:
-        return run_loop(cfg, run, store, plan, runtime, t_enter, device, mix)
+        return run_loop(cfg, run, store, plan, runtime, t_enter, device, mix, ranks, facts)
     finally:
         runtime.close()
 
