@@ -59,7 +59,7 @@ def main(argv=None):
     from oocgnn.models import build_model
     from oocgnn.sampler import Sampler
     from oocgnn.topology import NeighbourLists
-    from oocgnn.train import evaluate
+    from oocgnn.loop import evaluate
     from oocgnn.units import format_size, parse_size
 
     print(f"loadavg at start: {loadavg()}  (cpus {os.cpu_count()}, torch threads {torch.get_num_threads()})",

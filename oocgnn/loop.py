@@ -41,6 +41,7 @@ class Ranks:
     """The ranks a loop runs among; this one is a single process, whose collectives are identities
     (`disttrain.TorchRanks`: the ranks of a torchrun job)."""
     rank, world = 0, 1
+    distributed = False
 
     def owns(self, ids: np.ndarray) -> np.ndarray:
         """The nodes of `ids` this rank evaluates."""
@@ -106,6 +107,43 @@ def evaluate(model, sampler, gather, labels, nodes, batch_size, device="cpu", pr
     return correct / max(1, len(nodes))
 
 
+class SampledEvaluation:
+    """Evaluation of a run or a rank: its own validation and test nodes, sampled mini-batches through
+    the runtime's rows (`evaluate`), or layer-wise within what the plan leaves of the budget
+    (`evaluation.LayerwiseEval`, the default for GNNs). `correct(model)`: the correct counts per split."""
+
+    def __init__(self, cfg, plan, runtime, store, sets, labels, device):
+        self.cfg, self.runtime, self.labels, self.device = cfg, runtime, labels, device
+        self.sets = sets
+        fanouts = [int(f) for f in cfg.eval_fanouts.split(",")]
+        self.sampler = Sampler(runtime.eval_topology, fanouts, cfg.seed + 7)
+        self.layerwise = None if cfg.eval_mode == "batch" or cfg.model == "mlp" else LayerwiseEval(
+            self.sampler, fanouts, np.concatenate(list(sets.values())), store.feat_dim, runtime.stream_rows,
+            eval_budget(plan))
+
+    @property
+    def reads_in_run(self) -> bool:
+        """Whether its reads go through the run's own reader (then the loop takes them out of the run's)."""
+        return self.layerwise is None and self.runtime.eval_reader is None
+
+    def correct(self, model) -> dict:
+        cfg = self.cfg
+        if self.layerwise is not None:             # its reads: its own reader, never the run's
+            accs = self.layerwise.accuracy(model, self.labels, self.sets, self.device, cfg.precision)
+        else:
+            accs = {s: evaluate(model, self.sampler, self.runtime.eval_rows, self.labels, ids, cfg.eval_batch_size,
+                                self.device, cfg.precision)
+                    for s, ids in self.sets.items()}
+        return {s: round(accs[s] * len(self.sets[s])) for s in self.sets}
+
+    def describe(self) -> dict:
+        lw = self.layerwise
+        return {"eval_mode": "layerwise" if lw is not None else "batch",
+                "eval_memory": lw.memory() if lw is not None else None,
+                "eval_budget": lw.budget if lw is not None else None,
+                "eval_spilled": lw.spilled if lw is not None else None}
+
+
 def eval_budget(plan) -> int:
     """Bytes layer-wise evaluation may hold in RAM (the rest spills to a temporary file): what the plan
     leaves of the budget, since evaluation runs while the plan's residents are held; a baseline the
@@ -145,9 +183,11 @@ def _slots(steps, epochs, ranks) -> list:
     return out
 
 
-def run_loop(cfg, run, store, plan, runtime, t_enter, device, mix, ranks=None, facts=None) -> dict:
+def run_loop(cfg, run, store, plan, runtime, t_enter, device, mix, ranks=None, facts=None,
+             evaluation=SampledEvaluation) -> dict:
     """Train `plan` through `runtime`; returns the summary (rank 0 writes the run directory). `facts`:
-    more of config.json (a distributed run's world and owners)."""
+    more of config.json (a distributed run's world and owners); `evaluation`: how the rank evaluates its
+    nodes (made after the setup: `SampledEvaluation`'s arguments)."""
     ranks = ranks or Ranks()
     writes = ranks.rank == 0
     sampler = runtime.sampler
@@ -160,11 +200,12 @@ def run_loop(cfg, run, store, plan, runtime, t_enter, device, mix, ranks=None, f
                      "device": str(device), "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
                      "loadavg": open("/proc/loadavg").read().split()[:3]}, **(facts or {})})
 
-    labels = torch.from_numpy(store.compact_labels())
+    labels = runtime.labels()                      # indexed by store id
     model = build_model(cfg.model, store.feat_dim, cfg.hidden, store.num_classes, cfg.layers, cfg.dropout)
     model.to(device)                               # initialised on the CPU: the same weights on any device
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
     losses = LossMeter(device)                     # on a GPU, read one step late (no sync per step)
+    log_columns = LOG_COLUMNS + list(runtime.log_fields())
     eval_sets, eval_totals = {}, {}
     for split, ids in (("val", store.val_idx), ("test", store.test_idx)):
         if cfg.max_eval_nodes and len(ids) > cfg.max_eval_nodes:
@@ -192,34 +233,30 @@ def run_loop(cfg, run, store, plan, runtime, t_enter, device, mix, ranks=None, f
             st["loss_sum"], st["loss_n"] = st["loss_sum"] + value, st["loss_n"] + 1
 
     def accuracies():
-        if layerwise is not None:                  # its reads: its own reader, never the run's
-            accs = layerwise.accuracy(model, labels, eval_sets, device, cfg.precision)
-        else:
-            accs = {s: evaluate(model, eval_sampler, runtime.eval_rows, labels, ids, cfg.eval_batch_size,
-                                device, cfg.precision)
-                    for s, ids in eval_sets.items()}
-        if ranks.world == 1:
-            return accs
-        correct = ranks.sum([round(accs[s] * len(eval_sets[s])) for s in eval_sets])
-        return {s: c / max(1, eval_totals[s]) for s, c in zip(eval_sets, correct)}
+        correct = evaluator.correct(model)
+        return dict(zip(eval_sets, (c / max(1, eval_totals[s]) for s, c in
+                                    zip(eval_sets, ranks.sum([correct[s] for s in eval_sets])))))
 
     def log_eval(epoch, step):
         add_losses(losses.flush())
         before = runtime.io()
         with timers("eval"):
             accs = accuracies()
-        if layerwise is None and runtime.eval_reader is None:   # else a background load may be what was read
+        if evaluator.reads_in_run:                 # else a background load may be what was read
             excluded.__iadd__(runtime.io() - before)
         io = runtime.io() - excluded + carried
-        loss_sum, loss_n, bytes_read, requests = ranks.sum([st["loss_sum"], st["loss_n"], io.bytes_read, io.requests])
+        more = runtime.log_fields()                # e.g. the rows a rank received
+        loss_sum, loss_n, bytes_read, requests, *more_sums = ranks.sum(
+            [st["loss_sum"], st["loss_n"], io.bytes_read, io.requests, *more.values()])
         wall_s, rss = ranks.max([st["train_s"], peak_rss()])
         rows.append({"wall_s": round(wall_s, 4), "epoch": epoch, "step": step,
                      "train_loss": loss_sum / loss_n if loss_n else float("nan"),
                      "val_acc": accs["val"], "test_acc": accs["test"],
-                     "bytes_read": int(bytes_read), "requests": int(requests), "peak_rss": int(rss)})
+                     "bytes_read": int(bytes_read), "requests": int(requests), "peak_rss": int(rss),
+                     **{k: int(v) for k, v in zip(more, more_sums)}})
         st["loss_sum"], st["loss_n"] = 0.0, 0
         if writes:
-            run.write_csv("log.csv", pd.DataFrame(rows, columns=LOG_COLUMNS))
+            run.write_csv("log.csv", pd.DataFrame(rows, columns=log_columns))
         return accs
 
     def checkpoint(step):
@@ -233,7 +270,7 @@ def run_loop(cfg, run, store, plan, runtime, t_enter, device, mix, ranks=None, f
         every = ranks.gather(mine)
         if writes:
             run.save_checkpoint({"step": step, "model": model.state_dict(), "opt": opt.state_dict(), "rows": rows,
-                                 **(mine if ranks.world == 1 else {"ranks": every})})
+                                 **(mine if not ranks.distributed else {"ranks": every})})
 
     def empty_step():
         """A padding step: no batch, this rank's zero gradients averaged with the others'."""
@@ -246,16 +283,12 @@ def run_loop(cfg, run, store, plan, runtime, t_enter, device, mix, ranks=None, f
     bar = tqdm(total=len(slots), desc=cfg.policy, unit="step", disable=not cfg.progress, leave=False)
     with runtime.memory_cap():
         runtime.setup()                            # run-long residents: outside the timed epochs
-        eval_fanouts = [int(f) for f in cfg.eval_fanouts.split(",")]
-        eval_sampler = Sampler(runtime.eval_topology, eval_fanouts, cfg.seed + 7)
-        layerwise = None if cfg.eval_mode == "batch" or cfg.model == "mlp" else LayerwiseEval(
-            eval_sampler, eval_fanouts, np.concatenate(list(eval_sets.values())), store.feat_dim,
-            runtime.stream_rows, eval_budget(plan))
+        evaluator = evaluation(cfg, plan, runtime, store, eval_sets, labels, device)
         if cfg.resume:
             state = run.load_checkpoint()
             start = state["step"]
             real_start = sum(1 for _, i in slots[:start] if i is not None)
-            mine = state if ranks.world == 1 else state["ranks"][ranks.rank]
+            mine = state if not ranks.distributed else state["ranks"][ranks.rank]
             model.load_state_dict(state["model"])
             opt.load_state_dict(state["opt"])
             runtime.load_state(mine["history"])
@@ -284,10 +317,11 @@ def run_loop(cfg, run, store, plan, runtime, t_enter, device, mix, ranks=None, f
         io0, t0, stage0 = runtime.io(), time.perf_counter(), dict(timers.s)
         for g in range(start, len(slots)):
             epoch, i = slots[g]
-            if i is None:
+            if i is not None:
+                i, epoch, b, step, sample = next(walk)   # loads the step's ranges, then samples its batch
+            if i is None or not len(sample.output_nodes):   # padding, or a rank's empty share of a batch
                 empty_step()
             else:
-                i, epoch, b, step, sample = next(walk)   # loads the step's ranges, then samples its batch
                 with timers("gather"):
                     x, ctx = runtime.inputs(sample, i)
                 with timers("h2d"):                # a no-op on the CPU; on a GPU, queued on a side stream
@@ -333,7 +367,7 @@ def run_loop(cfg, run, store, plan, runtime, t_enter, device, mix, ranks=None, f
     topology_io = runtime.topology_io() - setup_topology_io + carried_topology
     reader = type(runtime.cached.reader).__name__
 
-    log = pd.DataFrame(rows, columns=LOG_COLUMNS)
+    log = pd.DataFrame(rows, columns=log_columns)
     if writes:
         run.write_csv("steps.csv", pd.DataFrame(step_rows, columns=STEP_COLUMNS))
     # a run cut by max_steps is extrapolated to a whole epoch at its mean step rate
@@ -359,30 +393,32 @@ def run_loop(cfg, run, store, plan, runtime, t_enter, device, mix, ranks=None, f
         "memory": plan.memory(), "resident_bytes": plan.resident_bytes(),
         "memory_budget": cfg.memory_budget_bytes, "memory_cap": cap_record, "peak_rss": peak_rss(),
         "history_hits": runtime.history_hits, "mixing": mix,
-        "eval_mode": "layerwise" if layerwise is not None else "batch",
-        "eval_memory": layerwise.memory() if layerwise is not None else None,
-        "eval_budget": layerwise.budget if layerwise is not None else None,
-        "eval_spilled": layerwise.spilled if layerwise is not None else None,
+        **evaluator.describe(),
         "device": str(device), "precision": cfg.precision,
         "h2d": {"bytes": runtime.h2d.bytes, "pinned_bytes": runtime.h2d.pinned_bytes},
     }
     summary.update(plan.describe())              # the policy's own knobs (HierBatching's rule, a buffer, a split, ...)
-    if ranks.world > 1:
-        summary.update(_ranks_summary(summary, ranks, steps, epochs_run))
+    if ranks.distributed:
+        summary.update(_ranks_summary(summary, ranks, runtime, steps, epochs_run))
     if writes:
         run.write_json("summary.json", summary)
     return {**summary, "run_dir": str(run.path) if writes else "", "log": log}
 
 
-def _ranks_summary(summary, ranks, steps, epochs_run) -> dict:
-    """A distributed run's summary: every rank's steps, I/O, time and peak; I/O totals over the ranks."""
+def _ranks_summary(summary, ranks, runtime, steps, epochs_run) -> dict:
+    """A distributed run's summary: every rank's steps, I/O, time and peak (and what its runtime adds);
+    I/O totals over the ranks."""
     keys = ("io", "io_setup", "topology_io", "topology_io_setup", "io_excluded", "train_s", "peak_rss",
             "memory", "resident_bytes", "history_hits", "stage_s", "memory_cap")
-    every = ranks.gather({"rank": ranks.rank, "own_steps": len(steps), **{k: summary[k] for k in keys}})
+    every = ranks.gather({"rank": ranks.rank, "own_steps": len(steps), **{k: summary[k] for k in keys},
+                          **runtime.record()})
     total = {k: {f: sum(r[k][f] for r in every) for f in every[0][k] if f != "reader"}
              for k in ("io", "topology_io", "io_setup", "topology_io_setup", "io_excluded")}
     total["io"]["reader"] = summary["io"]["reader"]
     train_s = max(r["train_s"] for r in every)
+    device = ranks.device
     return {**total, "distributed": True, "world": ranks.world, "ranks": every, "train_s": train_s,
-            "epoch_s": round(train_s / epochs_run, 3),
-            "peak_rss": max(r["peak_rss"] for r in every)}
+            "epoch_s": round(train_s / epochs_run, 3), "peak_rss": max(r["peak_rss"] for r in every),
+            "backend": "gloo" if ranks.grads is None else "gloo (exchanges), nccl (gradients)",
+            "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+            **runtime.summarize(every)}

@@ -1,31 +1,38 @@
-"""What one rank of a distributed run trains on, chunk by chunk: a per-rank policy (`make_rank_plan`).
+"""What a rank that holds only its own rows trains on (`--rank-data own`): a rank plan
+(`make_rank_plan`), and the runtime and evaluation that run it in the training loop (`loop.run_loop`).
 
 A rank plan cuts each epoch into chunks (`chunks(epoch)`), and turns a chunk into its samples and a
-`gather(input_nodes)` of their rows (`prepare`). Every rank of a run has as many chunks per epoch and
-as many batches per chunk, so DistributedDataParallel's collectives stay in lockstep.
+`gather(input_nodes)` of their rows (`prepare`); `ExchangeRuntime` prepares each chunk as its first
+batch comes. The loop pads a rank's epoch with empty steps to the ranks' most, so ranks step in lockstep.
 
 - `inmemory`, `macrobatch` (`MacrobatchPlan`, BatchGNN §2.6): a chunk is k = --macrobatch mini-batches
   of the rank's training nodes, sampled over the whole graph (remote lists fetched per layer), their
-  remote rows fetched in one exchange (`distributed.fetch_macrobatch`).
+  remote rows fetched in one exchange (`distributed.fetch_macrobatch`). Every rank has as many chunks
+  of as many batches (an empty share of a batch still takes part in the exchanges).
 - `hierbatching` (`MegabatchPlan`, HierBatching Alg. 1 on the rank's shard): mega-batches of N_d of
   the rank's own partitions plus a static cache of its top-degree rows, p passes, sampling inside the
   mega-batch ∪ static nodes: every row and list a batch touches is the rank's own, so nothing but
   gradients crosses ranks. A chunk is one batch of ceil(B / R) seeds; a mega-batch's rows are read (one
-  sequential read per part) when its first batch comes, in the foreground. The mega-batch and the
-  static rows fit --memory-budget (per rank). Ranks whose epoch has fewer batches end it with empty
-  ones (a zero loss: DDP's backward runs on every rank).
+  sequential read per part) when its first batch comes, in the foreground. N_d by HierBatching's own
+  rule (`policies.fitting_parts`, `evened`): the mega-batch and the static rows fit --memory-budget
+  (per rank).
 """
 from __future__ import annotations
 
+import contextlib
 import time
+from types import SimpleNamespace
 
 import numpy as np
 import torch
 
-from .distributed import batch_key, fetch_macrobatch, rank_batches, sample_macrobatch
+from .device import HostToDevice
+from .distributed import (TRAFFIC, Exchange, RankFeatures, batch_key, fetch_macrobatch, rank_batches,
+                          sample_macrobatch, steps_per_epoch)
 from .errors import UserError
-from .io import range_chunks
-from .policies import resolve_static_ratio
+from .io import IOStats, range_chunks
+from .policies import evened, fitting_parts, resolve_static_ratio
+from .sampler import Sampler
 
 RANK_POLICIES = ("inmemory", "macrobatch", "hierbatching")
 
@@ -39,7 +46,46 @@ def make_rank_plan(cfg, data, features, lists, sampler, exchange):
     return MacrobatchPlan(cfg, data, features, lists, sampler, exchange)
 
 
-class MacrobatchPlan:
+def _add(stages, name, seconds):
+    stages[name] = stages.get(name, 0.0) + seconds
+
+
+NO_LOADS = SimpleNamespace(enter_ranges=[])        # a rank plan's steps load nothing the loop must know of
+
+
+class RankPlan:
+    """What the training loop (`loop.run_loop`) asks of a plan, for a rank plan: its steps (every batch
+    of `chunks`), its memory and its knobs."""
+    budgeted = True
+    topology = "memory"                            # its own lists (remote ones fetched per macrobatch and layer)
+
+    @property
+    def name(self) -> str:
+        return self.cfg.policy
+
+    @property
+    def budget(self) -> int:
+        return self.cfg.memory_budget_bytes
+
+    @property
+    def schedule(self) -> str:
+        return f"{type(self).__name__} of rank {self.data.rank} of {self.data.world}"
+
+    def steps(self, epochs):
+        """(epoch, batch, NO_LOADS) of every batch of every chunk, in order."""
+        for epoch in range(epochs):
+            for chunk in self.chunks(epoch):
+                for b, _ in chunk:
+                    yield epoch, b, NO_LOADS
+
+    def memory(self) -> dict:
+        return {"feature_rows": self.resident_bytes()}
+
+    def close(self):
+        pass
+
+
+class MacrobatchPlan(RankPlan):
     """Chunks of k mini-batches of the rank's training nodes (`distributed.rank_batches`)."""
     exchanges = True
 
@@ -47,28 +93,36 @@ class MacrobatchPlan:
         self.cfg, self.data, self.features, self.lists = cfg, data, features, lists
         self.sampler, self.exchange, self.k = sampler, exchange, int(cfg.get("macrobatch"))
 
+    def resident_bytes(self) -> int:
+        return self.features.peak_rows * self.data.row_bytes
+
     def chunks(self, epoch) -> list:
         batches = rank_batches(self.data.train_idx, self.data.bounds, self.data.rank, self.cfg.batch_size,
                                self.cfg.seed, epoch)
         return [list(enumerate(batches[c:c + self.k], start=c)) for c in range(0, len(batches), self.k)]
 
-    def prepare(self, epoch, chunk, stages) -> tuple:
+    def prepare(self, epoch, chunk, stages, counted=True) -> tuple:
         """(samples, gather) of a chunk: sampled a layer at a time, remote rows in one exchange; the
-        seconds of each go to `stages`."""
+        seconds of each go to `stages`; `counted`: its traffic counted (a chunk a resumed run prepares
+        again was counted before its checkpoint)."""
         t = time.perf_counter()
         keys = [batch_key(b, self.data.rank, self.data.world) for b, _ in chunk]
-        samples = sample_macrobatch(self.sampler, self.lists, self.exchange, [s for _, s in chunk], epoch, keys)
+        samples = sample_macrobatch(self.sampler, self.lists, self.exchange, [s for _, s in chunk], epoch, keys,
+                                    counted)
         t1 = time.perf_counter()
-        gather = fetch_macrobatch(samples, self.features, self.exchange).gather
-        stages["sample"] += t1 - t
-        stages["exchange"] += time.perf_counter() - t1
+        gather = fetch_macrobatch(samples, self.features, self.exchange, counted).gather
+        _add(stages, "sample", t1 - t)
+        _add(stages, "exchange", time.perf_counter() - t1)
         return samples, gather
+
+    def io(self) -> IOStats:
+        return IOStats()                           # its rows are read through the rank's features
 
     def describe(self) -> dict:
         return {"macrobatch": self.k}
 
 
-class MegabatchPlan:
+class MegabatchPlan(RankPlan):
     """HierBatching on the rank's own partitions (see the module docstring)."""
     exchanges = False
 
@@ -78,50 +132,45 @@ class MegabatchPlan:
         self.static_ratio = resolve_static_ratio(cfg.get("static_ratio"), cfg.memory_budget_bytes,
                                                  (data.hi - data.lo) * data.row_bytes)   # auto: the rank's
         self.batch_size = max(1, -(-cfg.batch_size // data.world))      # the global batch, split over ranks
-        self.part_offsets = np.asarray(data.part_offsets, dtype=np.int64)
-        self.offsets = self._offsets(data.rank)
+        offsets = np.asarray(data.part_offsets, dtype=np.int64)
+        self.offsets = offsets[(offsets >= data.lo) & (offsets <= data.hi)]      # its own parts
         self.num_parts = len(self.offsets) - 1
         degree = np.diff(lists.own_indptr)
         k = int(self.static_ratio * (data.hi - data.lo))
         self.static_ids = np.sort(np.argsort(-degree, kind="stable")[:k]).astype(np.int64) + data.lo
-        self.n_d = self._n_d(data.rank, check=True)
+        self.n_d = self._n_d()
         self.reader = data.reader("direct")
         self.static_rows = self._read(self.static_ids)
         self.current, self.rows, self.visible = None, None, None
         self.peak_rows = len(self.static_ids)
         self.read_rows = len(self.static_ids)
 
-    def _offsets(self, rank):
-        lo, hi = self.data.bounds[rank], self.data.bounds[rank + 1]
-        return self.part_offsets[(self.part_offsets >= lo) & (self.part_offsets <= hi)]
-
-    def _n_d(self, rank, check=False) -> int:
-        """N_d of `rank`: --parts-per-megabatch, or the most of its parts (the largest) that fit the budget
-        beside its static rows, counted twice: held, and copied into each mega-batch's rows (computable for
-        every rank: every rank's batch count is known to all)."""
-        offsets = self._offsets(rank)
+    def _n_d(self) -> int:
+        """N_d: --parts-per-megabatch, or HierBatching's rule (`policies.fitting_parts`, `evened`)
+        on its parts: the most of them (the largest) that fit the budget beside its static rows, counted
+        twice (held, and copied into each mega-batch's rows; loaded in the foreground: no second buffer)."""
+        offsets = self.offsets
         static = int(self.static_ratio * (offsets[-1] - offsets[0]))
-        sizes = np.sort(np.diff(offsets))[::-1]
-        room = self.cfg.memory_budget_bytes // self.data.row_bytes - 2 * static
-        fit = int(np.searchsorted(np.cumsum(sizes), room, side="right"))
+        sizes = np.cumsum(np.sort(np.diff(offsets))[::-1])
+        def fits(n):
+            return (int(sizes[n - 1]) + 2 * static) * self.data.row_bytes <= self.cfg.memory_budget_bytes
+        fit = fitting_parts(len(sizes), fits)
         want = int(self.cfg.get("parts_per_megabatch"))
-        if check and (fit < 1 or (want and want > fit)):
-            need = (int(sizes[:max(want, 1)].sum()) + 2 * static) * self.data.row_bytes
-            raise UserError(f"hierbatching on rank {rank}: {max(want, 1)} of its parts and its static rows need "
+        if fit < 1 or (want and want > fit):
+            need = (int(sizes[max(want, 1) - 1]) + 2 * static) * self.data.row_bytes
+            raise UserError(f"hierbatching on rank {self.data.rank}: {max(want, 1)} of its parts and its static rows need "
                             f"{need} bytes, more than --memory-budget {self.cfg.memory_budget_bytes} (per rank): "
                             "raise it, or lower --parts-per-megabatch or --static-ratio")
-        return max(1, min(want or fit, len(sizes)))
+        return min(want, len(sizes)) if want else evened(len(sizes), max(1, fit))
 
     def _read(self, ids):
         return torch.from_numpy(self.reader.read_rows(ids - self.data.lo)) if len(ids) else \
             torch.empty(0, self.data.feat_dim)
 
-    def _groups(self, epoch, rank=None) -> list:
-        """[(parts, training ids)] of `rank`'s mega-batches in `epoch`: its parts shuffled, N_d at a time."""
-        rank = self.data.rank if rank is None else rank
-        offsets = self._offsets(rank)
-        n_d = self.n_d if rank == self.data.rank else self._n_d(rank)
-        perm = np.random.default_rng([self.cfg.seed, epoch, rank, 0]).permutation(len(offsets) - 1)
+    def _groups(self, epoch) -> list:
+        """[(parts, training ids)] of the rank's mega-batches in `epoch`: its parts shuffled, N_d at a time."""
+        offsets, n_d = self.offsets, self.n_d
+        perm = np.random.default_rng([self.cfg.seed, epoch, self.data.rank, 0]).permutation(len(offsets) - 1)
         train = self.data.train_idx
         train = train[(train >= offsets[0]) & (train < offsets[-1])]
         part = np.searchsorted(offsets, train, side="right") - 1
@@ -133,21 +182,15 @@ class MegabatchPlan:
         full, frac = divmod(self.passes, 1.0)
         return [n] * int(full) + ([int(round(frac * n))] if round(frac * n) else [])
 
-    def _count(self, epoch, rank) -> int:
-        return sum(-(-m // self.batch_size) for _, t in self._groups(epoch, rank) for m in self._pass_lengths(len(t)))
-
     def chunks(self, epoch) -> list:
         """One batch per chunk: each mega-batch's passes cut into batches of ceil(B / R) seeds (as one
-        process cuts them at B), then empty batches up to the epoch's most batches over the ranks (each
-        rank computes every rank's count: no communication), so that every rank steps as often."""
+        process cuts them at B); the loop pads a rank's epoch with empty steps to the ranks' most."""
         rng = np.random.default_rng([self.cfg.seed, epoch, self.data.rank, 1])
         out = []
         for g, (parts, train) in enumerate(self._groups(epoch)):
             for m in self._pass_lengths(len(train)):
                 seq = rng.permutation(train)[:m]
                 out += [(g, parts, seq[i:i + self.batch_size]) for i in range(0, m, self.batch_size)]
-        most = max(self._count(epoch, r) for r in range(self.data.world))
-        out += [(None, None, np.empty(0, np.int64))] * (most - len(out))
         return [[(b, item)] for b, item in enumerate(out)]
 
     def _load(self, g, parts):
@@ -168,21 +211,178 @@ class MegabatchPlan:
         self.peak_rows = max(self.peak_rows, len(self.visible) + len(self.static_ids))
         self.read_rows += len(ids) - len(self.static_ids)
 
-    def prepare(self, epoch, chunk, stages) -> tuple:
+    def prepare(self, epoch, chunk, stages, counted=True) -> tuple:
         [(b, (g, parts, seeds))] = chunk
         t = time.perf_counter()
-        if g is not None:
-            self._load((epoch, g), parts)
-        elif self.visible is None:                    # a rank with no training nodes: nothing to sample in
-            self.visible, self.rows = np.empty(0, np.int64), torch.empty(0, self.data.feat_dim)
+        self._load((epoch, g), parts)
         t1 = time.perf_counter()
         key = batch_key(b, self.data.rank, self.data.world)
-        sample = self.sampler.sample(seeds, epoch, key, self.visible if len(seeds) else None)
-        stages["load"] += t1 - t
-        stages["sample"] += time.perf_counter() - t1
+        sample = self.sampler.sample(seeds, epoch, key, self.visible)
+        _add(stages, "load", t1 - t)
+        _add(stages, "sample", time.perf_counter() - t1)
         visible, rows = self.visible, self.rows
         return [sample], lambda ids: rows[torch.from_numpy(np.searchsorted(visible, ids))]
+
+    def io(self) -> IOStats:
+        return self.reader.stats
+
+    def resident_bytes(self) -> int:
+        return self.peak_rows * self.data.row_bytes
+
+    def close(self):
+        self.reader.close()
 
     def describe(self) -> dict:
         return {"parts_per_megabatch": self.n_d, "rank_parts": self.num_parts, "static_rows": len(self.static_ids),
                 "passes": self.passes, "peak_rows": self.peak_rows, "rows_read": self.read_rows}
+
+
+class OwnLabels:
+    """A rank's own labels, indexed by store id (rows [lo, hi) only)."""
+
+    def __init__(self, data):
+        self.lo, self.t = data.lo, torch.from_numpy(data.labels())
+
+    def __getitem__(self, ids):
+        return self.t[ids - self.lo]
+
+
+class ExchangeRuntime:
+    """The runtime of a rank that holds only its own rows and lists (`--rank-data own`, BatchGNN §3), for
+    `loop.run_loop`: its rank plan's chunks prepared as its steps come (sampled a layer at a time, remote
+    lists and rows exchanged), its rows read through `distributed.RankFeatures`."""
+    eval_reader = None
+
+    def __init__(self, cfg, data, device):
+        self.cfg, self.data = cfg, data
+        # the rows a rank serves (and evaluates from): resident for inmemory, else read per macrobatch
+        self.features = RankFeatures(data, "inmemory" if cfg.policy == "inmemory" else "macrobatch",
+                                     cfg.memory_budget_bytes)
+        self.lists = data.lists()                  # its own lists; remote ones come per macrobatch
+        self.sampler = Sampler(self.lists, cfg.fanout_list, cfg.seed, dense=cfg.sampler == "dense")
+        self.exchange = Exchange(data.bounds, data.rank, data.world, data.feat_dim)
+        self.plan = make_rank_plan(cfg, data, self.features, self.lists, self.sampler, self.exchange)
+        self.h2d = HostToDevice(device)
+        self.timers = {}
+        self.loader = SimpleNamespace(pending_io=lambda: (IOStats(), IOStats()))
+        self.cached = SimpleNamespace(reader=self.features.reader)
+        self.history_hits = 0
+        self.samples = self.gather = None
+
+    def labels(self):
+        return OwnLabels(self.data)
+
+    def setup(self):
+        pass
+
+    def memory_cap(self):
+        return contextlib.nullcontext()
+
+    def end_warmup(self):
+        pass
+
+    def cap_record(self) -> dict:
+        return {"enforced": False, "reason": "a rank bounds its own rows (no cgroup)"}
+
+    def walk(self, steps, sample, before, start=0):
+        """(i, epoch, batch, None, sample) of the steps from `start`: each chunk prepared (`before`) at its
+        first batch — again, uncounted, when a resumed run starts inside it."""
+        i = 0
+        for epoch in range(self.cfg.epochs):
+            for chunk in self.plan.chunks(epoch):
+                if i >= len(steps):
+                    return
+                if i + len(chunk) > start:
+                    before(i, (epoch, chunk, i >= start))
+                    for j, ((b, _), s) in enumerate(zip(chunk, self.samples)):
+                        if start <= i + j < len(steps):
+                            yield i + j, epoch, b, None, s
+                i += len(chunk)
+
+    def before(self, step, next_load):
+        epoch, chunk, counted = step
+        self.samples, self.gather = self.plan.prepare(epoch, chunk, self.timers, counted)
+
+    def inputs(self, sample, t):
+        return self.gather(sample.input_nodes), sample.blocks
+
+    def to_device(self, tensors, blocks):
+        return self.h2d(tensors, blocks)
+
+    def forward(self, model, blocks, x, t):
+        return model(blocks, x)
+
+    def io(self) -> IOStats:
+        return self.features.reader.stats + self.plan.io()
+
+    def topology_io(self) -> IOStats:
+        return IOStats()                           # a rank's lists are in memory
+
+    def log_fields(self) -> dict:
+        t = self.exchange.record()
+        return {k: t[k] for k in ("rows_recv", "lists_recv", "bytes_recv")}
+
+    def state(self) -> dict:
+        return {"traffic": self.exchange.record(), "peak_rows": self.features.peak_rows}
+
+    def load_state(self, state):
+        for key, v in state["traffic"].items():
+            self.exchange.traffic[key][self.data.rank] = v
+        self.features.peak_rows = max(self.features.peak_rows, state["peak_rows"])
+
+    def record(self) -> dict:
+        d = self.data
+        return {"rows": [d.lo, d.hi], "train_nodes": int(np.sum((d.train_idx >= d.lo) & (d.train_idx < d.hi))),
+                **self.exchange.record(), "bytes_read": self.io().bytes_read,
+                "peak_buffer_rows": self.features.peak_rows, "peak_eval_rows": self.features.peak_eval_rows,
+                "topology_bytes": self.lists.nbytes, "peak_list_entries": self.lists.peak_entries,
+                "plan": self.plan.describe()}
+
+    def summarize(self, records) -> dict:
+        return {"exchange": {k: sum(r[k] for r in records) for k in TRAFFIC}, "macrobatch": int(self.cfg.get("macrobatch")),
+                "sharded": self.data.sharded,
+                "topology": "sharded (each rank its own lists; remote lists fetched per macrobatch and layer)"}
+
+    def close(self):
+        self.plan.close()
+        self.features.close()
+
+
+class ExchangeEvaluation:
+    """Evaluation of a rank that holds only its own rows: its own validation and test nodes, sampled
+    k = --macrobatch batches at a time with their remote lists and rows exchanged (uncounted); every
+    rank runs as many batches (the most any rank has), so the exchanges stay in lockstep."""
+    reads_in_run = True                            # through the rank's features: taken out of the run's reads
+
+    def __init__(self, cfg, plan, runtime, store, sets, labels, device):
+        self.cfg, self.runtime, self.labels, self.sets = cfg, runtime, labels, sets
+        self.sampler = Sampler(runtime.lists, [int(f) for f in cfg.eval_fanouts.split(",")], cfg.seed + 7)
+        import torch.distributed as dist  # (torch's distributed package: only where ranks run)
+        most = torch.tensor([steps_per_epoch(len(ids), cfg.eval_batch_size) for ids in sets.values()])
+        dist.all_reduce(most, op=dist.ReduceOp.MAX)   # every rank's count of batches: the most
+        self.batches = dict(zip(sets, most.tolist()))
+
+    def correct(self, model) -> dict:
+        rt, k, size = self.runtime, int(self.cfg.get("macrobatch")), self.cfg.eval_batch_size
+        model.eval()
+        out = {}
+        with torch.no_grad():
+            for split, ids in self.sets.items():
+                correct, nb = 0, self.batches[split]
+                batches = [ids[i * size:(i + 1) * size] for i in range(nb)]
+                for c in range(0, nb, k):
+                    keys = [batch_key(b, rt.data.rank, rt.data.world) for b in range(c, c + len(batches[c:c + k]))]
+                    samples = sample_macrobatch(self.sampler, rt.lists, rt.exchange, batches[c:c + k], 0, keys,
+                                                counted=False)
+                    mb = fetch_macrobatch(samples, rt.features, rt.exchange, counted=False)
+                    for s in samples:
+                        if len(s.output_nodes):
+                            x, y = rt.h2d([mb.gather(s.input_nodes), self.labels[torch.from_numpy(s.output_nodes)]],
+                                          s.blocks)
+                            correct += int((model(s.blocks, x).argmax(1) == y).sum())
+                out[split] = correct
+        model.train()
+        return out
+
+    def describe(self) -> dict:
+        return {"eval_mode": "batch (exchanged)", "eval_memory": None, "eval_budget": None, "eval_spilled": None}

@@ -299,6 +299,22 @@ class Runtime:
             self.stream_reader = self.store.reader("direct")
         return self.cached.gather(ids, self.stream_reader)
 
+    def labels(self):
+        """The labels of every node (a tensor indexed by store id)."""
+        return _tensor(self.store.compact_labels())
+
+    def log_fields(self) -> dict:
+        """Counters the log adds to its columns (none: reads are already there)."""
+        return {}
+
+    def record(self) -> dict:
+        """What a rank adds to its record in a distributed run's summary (nothing: its reads are there)."""
+        return {}
+
+    def summarize(self, records) -> dict:
+        """What a distributed run's summary adds from every rank's record (nothing)."""
+        return {}
+
     # -- the history stage ---------------------------------------------------------------------
     def inputs(self, sample, t):
         """(x, what `forward` needs): the input rows the batch uses (a history plan prunes them)."""

@@ -24,13 +24,15 @@ import torch
 
 from .config import TrainConfig
 from .device import resolve_device
-from .disttrain import exchanges, joined, rank_config, train_exchanging
+from .disttrain import exchanges, joined, rank_config
 from .errors import UserError
 from .loop import Ranks, run_loop, seed_everything
 from .mixing import mixing
 from .policies import make_plan
 from .rundir import RunDir, default_run_dir, read_json, resumed_config
+from .rankplans import ExchangeEvaluation, ExchangeRuntime
 from .runtime import Runtime
+from .shards import RankData
 from .store import open_store
 from .units import format_size, reset_peak_rss
 
@@ -54,39 +56,39 @@ def train(cfg: TrainConfig) -> dict:
     if not cfg.distributed:
         return _train(cfg, run, Ranks(), t_enter)
     with joined(cfg) as ranks:
-        if exchanges(cfg):                         # ranks holding only their own rows (BatchGNN's exchanges)
-            return train_exchanging(cfg, ranks, run)
         return _train(cfg, run, ranks, t_enter)
 
 
 def _train(cfg, run, ranks, t_enter) -> dict:
     world = ranks.world
     if run is None and ranks.rank == 0:
-        default = default_run_dir(cfg) if world == 1 else Path(f"{default_run_dir(cfg)}-r{world}")
+        default = Path(f"{default_run_dir(cfg)}-r{world}") if ranks.distributed else default_run_dir(cfg)
         run = RunDir.create(Path(cfg.out) if cfg.out else default, force=cfg.force)
-    if world > 1:
+    if ranks.distributed:
         shared = ranks.share((str(run.path), run.run_id) if ranks.rank == 0 else None)
         run = run or RunDir(Path(shared[0]), shared[1])
         device = ranks.device
     else:
         device = resolve_device(cfg.device)        # before any work: a missing GPU is one line
+    if ranks.distributed and cfg.resume and read_json(run.path / "config.json").get("world") != world:
+        raise UserError(f"{run.path} is a run of {read_json(run.path / 'config.json').get('world')} ranks; "
+                        f"resume it with as many, not {world}")
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    if ranks.distributed and exchanges(cfg):               # ranks holding only their own rows (BatchGNN's exchanges)
+        return _train_own_rows(cfg, run, ranks, t_enter)
     store = open_store(cfg.store)
     for split in ("train", "val"):
         if not len(getattr(store, f"{split}_idx")):
             raise UserError(f"{store.path}: the {split} split is empty; a run needs training and validation nodes")
     facts = {}
-    if world > 1:
+    if ranks.distributed:
         store = ranks.view(store)                  # the policy over this rank's training nodes
         facts = {"world": world, "owner_bounds": ranks.bounds.tolist(), "rank_data": "shared",
                  "rank_batch_size": rank_config(cfg, world).batch_size}
-        if cfg.resume and read_json(run.path / "config.json").get("world") != world:
-            raise UserError(f"{run.path} is a run of {read_json(run.path / 'config.json').get('world')} ranks; "
-                            f"resume it with as many, not {world}")
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
     seed_everything(cfg.seed)
     with ranks.one_at_a_time():                    # what a plan derives once (edge buckets): rank 0 writes it
-        plan = make_plan(store, rank_config(cfg, world) if world > 1 else cfg)
+        plan = make_plan(store, rank_config(cfg, world))
         plan.check_machine()                       # what cannot be resident here is refused before any read
         mix = mixing(plan)                         # from labels and the plan's groups: no I/O
         if mix["warning"] and ranks.rank == 0:
@@ -98,6 +100,20 @@ def _train(cfg, run, ranks, t_enter) -> dict:
         runtime = Runtime(store, plan, device)
     try:
         return run_loop(cfg, run, store, plan, runtime, t_enter, device, mix, ranks, facts)
+    finally:
+        runtime.close()
+
+
+def _train_own_rows(cfg, run, ranks, t_enter) -> dict:
+    """A rank that holds only its own rows and lists, from the store or its shard (`shards.RankData`)."""
+    data = RankData.open(cfg.store, ranks.world, ranks.rank)
+    ranks.bounds = data.bounds
+    seed_everything(cfg.seed)                      # the same initial weights on every rank
+    runtime = ExchangeRuntime(cfg, data, ranks.device)
+    facts = {"world": ranks.world, "owner_bounds": data.bounds.tolist(), "rank_data": "own", "sharded": data.sharded}
+    try:
+        return run_loop(cfg, run, data, runtime.plan, runtime, t_enter, ranks.device, None, ranks, facts,
+                        evaluation=ExchangeEvaluation)
     finally:
         runtime.close()
 

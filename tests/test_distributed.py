@@ -363,7 +363,7 @@ def test_shards_hold_each_ranks_rows_lists_and_labels_and_nothing_else(fennel16,
 
 @pytest.mark.parametrize("passes", [1.0, 1.5])
 def test_hierbatching_per_rank_trains_inside_its_own_megabatches(fennel16, passes):
-    """A rank's HierBatching: every rank as many batches an epoch; each of its training nodes p times
+    """A rank's HierBatching: each of its training nodes p times
     (floor(p) passes, then part of one more); a batch's sample stays inside its mega-batch ∪ static rows,
     all the rank's own, whose gathered rows are the store's; the mega-batch fits the budget."""
     from oocgnn.config import TrainConfig
@@ -396,7 +396,8 @@ def test_hierbatching_per_rank_trains_inside_its_own_megabatches(fennel16, passe
             assert np.isin(sample.input_nodes, plan.visible).all()
             np.testing.assert_array_equal(gather(sample.input_nodes).numpy(), oracle.read_rows(sample.input_nodes))
         assert plan.peak_rows * data.row_bytes <= cfg.memory_budget_bytes
-    assert counts[0] == counts[1] >= int(np.ceil(passes * steps_per_epoch(len(fennel16.train_idx), 64)))
+    # each rank its own batches (the loop pads the fewer with empty steps): as many as one process cuts
+    assert sum(counts) >= int(np.ceil(passes * steps_per_epoch(len(fennel16.train_idx), 64)))
     auto = make_rank_plan(cfg.replace(static_ratio="auto"), data, None, lists,
                           Sampler(lists, [5, 5], 0), None)        # of the rank's budget and rows
     assert auto.static_ratio == static_ratio_for(400_000, (data.hi - data.lo) * data.row_bytes) < 0.05

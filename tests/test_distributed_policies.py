@@ -57,7 +57,7 @@ def test_every_policy_trains_per_rank_as_in_one_process_and_reads_what_the_simul
     two = _torchrun(fennel16.path, tmp_path / "two", policy, SETTINGS[policy])
     cfg = TrainConfig.create(store=str(fennel16.path), policy=policy, progress=False, out=str(tmp_path / "one"),
                              **{**COMMON, **SETTINGS[policy]})
-    one = train(cfg)
+    train(cfg)
     assert two["world"] == 2 and len(two["ranks"]) == 2
     bounds = owner_bounds(fennel16.part_offsets, 2)
     for record in two["ranks"]:                   # the oracle: the simulator on the rank's share

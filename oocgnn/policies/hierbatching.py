@@ -29,6 +29,21 @@ def resolve_static_ratio(asked, budget, feature_bytes) -> float:
     return static_ratio_for(budget, feature_bytes) if asked == "auto" else float(asked)
 
 
+def fitting_parts(parts, fits) -> int:
+    """The most of `parts` parts n with `fits(n)` (monotone: if n parts fit, fewer do); 0 when none does.
+    HierBatching's automatic N_d is this, `evened` (the plan's rule, and a rank plan's on its parts)."""
+    lo, hi = 0, parts                              # the largest fitting n in [lo, hi]
+    while lo < hi:
+        n = (lo + hi + 1) // 2
+        lo, hi = (n, hi) if fits(n) else (lo, n - 1)
+    return lo
+
+
+def evened(parts, most) -> int:
+    """At most `most` (>= 1) parts a mega-batch, as few mega-batches, of equal parts (no small last one)."""
+    return -(-parts // -(-parts // most))
+
+
 @register
 class HierBatchingPlan(Plan):
     """HierBatching (Alg. 1): mega-batches of N_d parts + static cache, p passes, pipelined loads.
@@ -84,16 +99,14 @@ class HierBatchingPlan(Plan):
         beside the rest of the plan, then evened out (as few mega-batches, of equal parts); a topology
         left to auto is the one that holds more parts (memory on a tie). At least 1 (`check_budget` then
         says what the budget lacks)."""
+        def fits(n):
+            self.n_d = n
+            return self.resident_bytes() <= self.budget
         best = (0, self.topology)
         for topology in (("memory", "disk") if self.cfg.topology == "auto" else (self.topology,)):
-            self.topology, lo, hi = topology, 0, parts          # the largest fitting N_d in [lo, hi]
-            while lo < hi:
-                self.n_d = (lo + hi + 1) // 2
-                lo, hi = (self.n_d, hi) if self.resident_bytes() <= self.budget else (lo, self.n_d - 1)
-            best = max(best, (lo, topology), key=lambda b: b[0])
-        most = max(1, best[0])
-        groups = -(-parts // most)               # as few mega-batches, of equal parts (no small last one)
-        self.topology, self.n_d = best[1], -(-parts // groups)
+            self.topology = topology
+            best = max(best, (fitting_parts(parts, fits), topology), key=lambda b: b[0])
+        self.topology, self.n_d = best[1], evened(parts, max(1, best[0]))
         if "schedule" in self.__dict__ and self.schedule.parts_per_megabatch != self.n_d:
             del self.__dict__["schedule"]      # built while searching (a disk topology's static lists)
         return self.n_d
