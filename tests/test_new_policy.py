@@ -86,3 +86,44 @@ def test_a_policy_in_one_new_module_trains_simulates_tunes_and_is_listed(tiny_st
     assert [(json.loads(k), fits) for k, fits in got["grid"]] == [({"cache_share": 0.5}, "True"),
                                                                   ({"cache_share": 1.0}, "True")], got["grid"]
     assert got["help"]
+
+
+def test_a_policy_in_one_new_module_runs_per_rank(fennel16, tmp_path):
+    """The same module, and nothing else, runs per rank under torchrun (`--rank-data shared`), each rank
+    reading what the simulator predicts for its share."""
+    pkg = tmp_path / "pkg"
+    shutil.copytree(Path(oocgnn.__file__).parent, pkg / "oocgnn", ignore=shutil.ignore_patterns("__pycache__"))
+    (pkg / "oocgnn" / "policies" / "degreecache.py").write_text(TOY)
+    out = tmp_path / "ranks"
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                           "-m", "oocgnn", "train", str(fennel16.path), "--distributed", "--policy", "degreecache",
+                           "--memory-budget", "400KB", "--epochs", "1", "--batch-size", "128", "--max-eval-nodes", "100",
+                           "--device", "cpu", "--no-progress", "--out", str(out)],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=300,
+                          env={"PYTHONPATH": str(pkg), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    s = json.loads((out / "summary.json").read_text())
+    check = '''
+import json, sys
+from oocgnn.config import TrainConfig
+from oocgnn.disttrain import RankView, rank_config
+from oocgnn.distributed import owner_bounds
+from oocgnn.policies import make_plan
+from oocgnn.simulate import simulate, summarize
+from oocgnn.store import open_store
+store = open_store(sys.argv[1])
+cfg = rank_config(TrainConfig.create(store=sys.argv[1], policy="degreecache", memory_budget="400KB", epochs=1,
+                                     batch_size=128, progress=False), 2)
+out = []
+for r in range(2):
+    view = RankView(store, owner_bounds(store.part_offsets, 2), r)
+    df = simulate(view, make_plan(view, cfg), epochs=1, progress=False)
+    sim = summarize(df).sum()
+    out.append(int(sim["feature_pages_read"] + sim["load_feature_pages"]))
+print(json.dumps(out))
+'''
+    sim = subprocess.run([sys.executable, "-c", check, str(fennel16.path)], capture_output=True, text=True,
+                         env={"PYTHONPATH": str(pkg), "PATH": "/usr/bin:/bin"}, cwd=tmp_path)
+    assert sim.returncode == 0, sim.stderr[-3000:]
+    assert s["policy"] == "degreecache" and s["world"] == 2 and s["best_val_acc"] > 0
+    assert [r["io"]["pages"] for r in s["ranks"]] == json.loads(sim.stdout.strip().splitlines()[-1])
