@@ -1,11 +1,11 @@
 """Scale-out on torch.distributed: ranks own shards of the store, remote rows come by macrobatched
-all_to_all (BatchGNN §2.1, §2.6), DistributedDataParallel averages gradients.
+all_to_all (BatchGNN §2.1, §2.6); the training loop averages gradients (`loop.run_loop`).
 
 Ownership: rank r of R owns a contiguous range of the store's partitions, i.e. the rows
 [bounds[r], bounds[r+1]) in store order (`owner_bounds`: cuts at partition offsets, balanced by
 rows). Its training nodes are the training nodes it owns; every rank runs the same number of steps
 per epoch (ceil(train / batch_size), each rank's share split evenly), so the global batch and the
-step count do not depend on R and DDP stays in lockstep.
+step count do not depend on R and the ranks stay in lockstep.
 
 Exchange (BatchGNN's macrobatching): a rank samples k mini-batches ahead (our sampler, keyed by
 (seed, epoch, b·R + r)), takes the union of their input rows, and fetches the rows other ranks own

@@ -173,7 +173,7 @@ def rank_device(name) -> torch.device:
 
 
 def gradient_group(device, world, timeout):
-    """The process group DDP all-reduces over: None (the default gloo group) on the CPU or when two
+    """The process group gradients are all-reduced over: None (the default gloo group) on the CPU or when two
     ranks share a GPU, else a new nccl group. Every rank calls it (it gathers every rank's GPU)."""
     import torch.distributed as dist
     if device.type != "cuda":

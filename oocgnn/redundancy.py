@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from .schedules import make_schedule
 from .simulate import simulate, summarize
 
 _TOTALS = ("seeds", "input_nodes", "feature_rows_read", "feature_pages_read", "neighbour_lists_read",
@@ -57,3 +58,30 @@ def redundancy_table(store, schedules: dict, fanouts, epochs=1, seed=0, history=
         rows.append({"label": label, **redundancy_ratio(store, name, fanouts, epochs, seed, history,
                                                         **params)})
     return pd.DataFrame(rows)
+
+
+def parts_per_macro(store, batch_size, micro_batches) -> int:
+    """Parts per macro batch (OUTRE §4.2) that hold about `micro_batches` micro batches of `batch_size`
+    training nodes."""
+    return max(1, round(micro_batches * batch_size * store.num_parts / len(store.train_idx)))
+
+
+def batch_seen(store, batch_size, n_per_macro, seed=0) -> float:
+    """Size of the batch an average training node is in, Σ|N_b|² / Σ|N_b|, over one epoch of partition
+    batches (no sampling): the small micro batches a macro batch of few training nodes is cut into."""
+    sizes = np.array([len(st.seeds) for st in make_schedule("partition", store, batch_size=batch_size,
+                                                            n_per_macro=n_per_macro, seed=seed).epoch(0)])
+    return (sizes ** 2).sum() / sizes.sum()
+
+
+def random_vs_partition(store, fanouts, batch_size, n_per_macro, seed=0) -> dict:
+    """RR of one epoch of random batches and of partition batches (OUTRE Tables 2–3), as one row: both RRs
+    and the change, the batches, the partition batch a node is in (`batch_seen`), the random batch's
+    neighbourhood as a share of the graph, and the lists each reads."""
+    r = redundancy_ratio(store, "random", fanouts, seed=seed, batch_size=batch_size)
+    p = redundancy_ratio(store, "partition", fanouts, seed=seed, batch_size=batch_size, n_per_macro=n_per_macro)
+    return {"n_per_macro": n_per_macro, "rr_random": r["rr"], "rr_partition": p["rr"],
+            "change_%": 100 * (p["rr"] / r["rr"] - 1), "batches_random": r["batches"],
+            "batches_partition": p["batches"], "batch_seen_partition": batch_seen(store, batch_size, n_per_macro, seed),
+            "nbhd_%_of_graph": 100 * r["input_nodes"] / r["batches"] / store.num_nodes,
+            "lists_read_random": r["neighbour_lists_read"], "lists_read_partition": p["neighbour_lists_read"]}

@@ -117,3 +117,15 @@ def format_mean_std(stat: dict, scale=100.0, digits=1) -> str:
         return "-"
     return f"{stat['mean'] * scale:.{digits}f} ± {stat['std'] * scale:.{digits}f} ({stat['n']} seed" \
            f"{'s' if stat['n'] > 1 else ''})"
+
+
+def points(a, b) -> float:
+    """a − b in points (accuracies as fractions), to one decimal."""
+    return round(100 * (a - b), 1)
+
+
+def format_difference(a, b, key="test_at_best_val") -> str:
+    """'+0.3 ± 1.2 (3 seeds)': a − b of `key` in points, the two runs' stds combined, over the fewer seeds;
+    `a`, `b` rows with `key` (a mean over seeds), `std` and `seeds`."""
+    return f"{points(a[key], b[key]):+.1f} ± {100 * np.hypot(a['std'], b['std']):.1f} " \
+           f"({int(min(a['seeds'], b['seeds']))} seeds)"

@@ -347,6 +347,18 @@ def executed_vs_simulated(run: dict, df: pd.DataFrame) -> dict:
     }
 
 
+def read_totals(df: pd.DataFrame) -> dict:
+    """What a `simulate` frame reads in all, setup excluded: the input rows its batches use, the feature rows
+    and MiB read and the requests (batches and residency changes), the lists' MiB, the mean visible set."""
+    pages = df["feature_pages_read"].sum() + df["load_feature_pages"].sum()
+    return {"input_rows": df["input_nodes"].sum(),
+            "rows_read": df["feature_rows_read"].sum() + df["load_feature_rows"].sum(),
+            "feature_MiB": pages * PAGE / 2**20,
+            "requests": df["feature_requests"].sum() + df["load_feature_requests"].sum(),
+            "list_MiB": (df["neighbour_pages_read"].sum() + df["load_adjacency_pages"].sum()) * PAGE / 2**20,
+            "visible_nodes": df["visible_nodes"].mean()}
+
+
 def summarize(df: pd.DataFrame) -> pd.DataFrame:
     """Per-epoch totals of a `simulate` frame, plus RR (OUTRE Eq. 2) and disk bytes."""
     skip = {"epoch", "batch", "group", *_LEVELS}

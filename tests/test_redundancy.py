@@ -138,3 +138,21 @@ def test_redundancy_table_and_errors(tiny_store):
         history_nodes(tiny_store, 0.1, by="pagerank")
     with pytest.raises(UserError):
         redundancy_ratio(tiny_store, "random", [5], history=[1, 2])
+
+
+def test_random_vs_partition_is_the_two_ratios_and_batch_seen_their_sizes(fennel16):
+    """The notebook's comparison row: the two RRs as `redundancy_ratio` gives them, and the partition
+    batch a training node is in (Σ|N_b|² / Σ|N_b|) from the schedule's own batches; macro batches of
+    more parts make bigger micro batches."""
+    from oocgnn.redundancy import batch_seen, parts_per_macro, random_vs_partition
+    npm = parts_per_macro(fennel16, 64, 2)
+    assert npm == max(1, round(2 * 64 * 16 / len(fennel16.train_idx)))
+    row = random_vs_partition(fennel16, [5, 5], 64, npm, seed=3)
+    r = redundancy_ratio(fennel16, "random", [5, 5], seed=3, batch_size=64)
+    p = redundancy_ratio(fennel16, "partition", [5, 5], seed=3, batch_size=64, n_per_macro=npm)
+    assert (row["rr_random"], row["rr_partition"]) == (r["rr"], p["rr"])
+    assert row["change_%"] == pytest.approx(100 * (p["rr"] / r["rr"] - 1))
+    sizes = [len(s.seeds) for s in make_schedule("partition", fennel16, batch_size=64, n_per_macro=npm,
+                                                 seed=3).epoch(0)]
+    assert row["batch_seen_partition"] == pytest.approx(sum(b * b for b in sizes) / sum(sizes))
+    assert max(sizes) <= 64 and batch_seen(fennel16, 64, 1, seed=3) < batch_seen(fennel16, 64, 16, seed=3) <= 64

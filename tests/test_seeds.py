@@ -8,7 +8,7 @@ import pytest
 from oocgnn.cli import main
 from oocgnn.config import parse_seeds
 from oocgnn.errors import UserError
-from oocgnn.seeds import aggregate_logs, aggregate_rows, mean_std
+from oocgnn.seeds import aggregate_logs, aggregate_rows, format_difference, mean_std, points
 
 
 def test_mean_std_by_hand():
@@ -99,3 +99,10 @@ def test_a_killed_seeds_job_resumes_to_the_same_aggregate(fennel16, tmp_path, mo
     assert got["test_at_best_val"] == want["test_at_best_val"] and got["seeds"] == [0, 1, 2]
     assert main(args + ["--resume", str(tmp_path / "nothing")]) == 2
     assert "no --seeds runs to resume" in capsys.readouterr().err
+
+
+def test_a_difference_in_points_with_the_stds_combined():
+    a = {"test_at_best_val": 0.812, "std": 0.03, "seeds": 3}
+    b = {"test_at_best_val": 0.80, "std": 0.04, "seeds": 7}
+    assert points(0.812, 0.80) == 1.2 and points(0.80, 0.812) == -1.2
+    assert format_difference(a, b) == "+1.2 ± 5.0 (3 seeds)"      # hypot(3, 4) = 5 points

@@ -6,7 +6,7 @@ from oocgnn.datasets import GraphData, csr_from_edges
 from oocgnn.io import PAGE
 from oocgnn.sampler import Sampler
 from oocgnn.schedules import make_schedule
-from oocgnn.simulate import page_union, simulate, summarize
+from oocgnn.simulate import page_union, read_totals, simulate, summarize
 from oocgnn.store import write_store
 
 FAN = [4, 3]
@@ -164,6 +164,23 @@ def test_random_reads_everything_and_caches_help(store):
     np.testing.assert_array_equal(full.input_nodes, df.input_nodes)   # caches change misses, not demand
     again = simulate(store, "random", FAN, batch_size=40, progress=False)
     assert df.equals(again), "deterministic"
+
+
+def test_read_totals_are_the_frames_sums(store):
+    """A plan's residency changes and its batches' reads, in rows, MiB and requests."""
+    from oocgnn.config import TrainConfig
+    from oocgnn.policies import make_plan
+    cfg = TrainConfig.create(store=str(store.path), policy="hierbatching", batch_size=40, fanouts="5,5",
+                             parts_per_megabatch=3, memory_budget=str(2 * store.num_nodes * store.row_stride),
+                             progress=False)
+    df = simulate(store, make_plan(store, cfg), epochs=2, progress=False)
+    t, s = read_totals(df), summarize(df).sum()
+    assert df["load_feature_pages"].sum() > 0 and t["input_rows"] == s["input_nodes"]
+    assert t["rows_read"] == s["feature_rows_read"] + s["load_feature_rows"]
+    assert t["feature_MiB"] * 2**20 == (s["feature_pages_read"] + s["load_feature_pages"]) * 4096
+    assert t["requests"] == s["feature_requests"] + s["load_feature_requests"]
+    assert t["list_MiB"] * 2**20 == (s["neighbour_pages_read"] + s["load_adjacency_pages"]) * 4096
+    assert t["visible_nodes"] == df["visible_nodes"].mean() < store.num_nodes
 
 
 def test_summarize(store):
