@@ -63,6 +63,8 @@ def _prepare(args, out, method, split, memory, work):
     from .store import write_store
     from .synthetic import generate
     t0 = time.perf_counter()
+    if args.source == "synthetic" and args.row_normalize:
+        raise UserError("--row-normalize applies to .npz sources only (synthetic features are generated as they are)")
     if args.source == "synthetic":                  # refused before the graph is made, not after
         from .csrbuild import sort_memory
         from .synthetic import preset
@@ -150,9 +152,12 @@ def _settings_from(args) -> dict:
     from .config import POLICY_OPTIONS, SETTINGS
     from .train import RUN_FACTS
     given = {k: v for k, v in vars(args).items() if k in SETTINGS and v is not None}
+    if "store" not in given and given.get("resume"):     # a run to resume names its store
+        from .rundir import RunDir, read_json
+        given["store"] = read_json(RunDir.create(given["resume"], resume=True).path / "config.json").get("store", "")
     if not getattr(args, "config", None):
         if "store" not in given:
-            raise UserError("give a STORE (or --config FILE.json that names one)")
+            raise UserError("give a STORE (or --config FILE.json that names one, or --resume RUN)")
         return given
     try:
         saved = json.loads(Path(args.config).read_text())
@@ -168,6 +173,10 @@ def _settings_from(args) -> dict:
     for k, v in saved.items():                   # a saved config nests each policy's options
         flat.update(v if isinstance(v, dict) and k in POLICY_OPTIONS else {k: v})
     return {**flat, **given}
+
+
+def _accuracy(value) -> str:
+    return "- (no test nodes)" if value is None else f"{value:.4f}"
 
 
 def _cmd_train(args):
@@ -189,10 +198,10 @@ def _cmd_train(args):
                      "received over all ranks)") if "exchange" in s else \
                 f"read {s['io']['bytes_read'] / 2**20:.1f} MiB over all ranks"
             print(f"{s['run_dir']}: {s['world']} ranks, {s['epochs']} epochs in {s['train_s']:.1f} s, best val "
-                  f"{s['best_val_acc']:.4f}, test at best val {s['test_at_best_val']:.4f}, {moved}")
+                  f"{s['best_val_acc']:.4f}, test at best val {_accuracy(s['test_at_best_val'])}, {moved}")
         return
     print(f"{s['run_dir']}: {s['epochs']} epochs in {s['train_s']:.1f} s, best val "
-          f"{s['best_val_acc']:.4f}, test at best val {s['test_at_best_val']:.4f}, "
+          f"{s['best_val_acc']:.4f}, test at best val {_accuracy(s['test_at_best_val'])}, "
           f"read {s['io']['bytes_read'] / 2**20:.1f} MiB, cap enforced: {s['memory_cap']['enforced']}")
     m = s["mixing"]
     print(f"  mixing: {m['groups']:g} groups an epoch of {m['parts_mean']:.1f} parts (fewest {m['parts_min']}), label "
@@ -272,10 +281,14 @@ def _cmd_report(args):
     import matplotlib.pyplot as plt
     import pandas as pd
     from .plots import load_runs, plot_time_to_accuracy, save_figure, seed_table
+    out = Path(args.out)
+    for run in map(Path, args.runs):              # never write into what is read: a run's own log.csv
+        if run.is_dir() and out.resolve().parent.is_relative_to(run.resolve()):
+            raise UserError(f"--out {args.out} is inside the run directory {run}, which report reads; "
+                            "write the report elsewhere")
     runs = load_runs(args.runs)
     table = seed_table(runs)
     print(table.to_string(index=False))
-    out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     runs.to_csv(out.with_suffix(".csv"), index=False)
     for run, r in runs.groupby("run", sort=False):    # one line a run: its accuracy and its groups' mixing

@@ -164,8 +164,11 @@ class TrainConfig:
 
     @classmethod
     def create(cls, **settings) -> "TrainConfig":
-        """A config from settings by name, top-level or a policy's (`parts_per_megabatch=16`)."""
-        return cls(**settings)                    # __init__ routes them (`_settings_by_name`)
+        """A config from settings by name, top-level or a policy's (`parts_per_megabatch=16`); `given` names
+        them (a resumed run compares those with its own, whatever their values)."""
+        cfg = cls(**settings)                     # __init__ routes them (`_settings_by_name`)
+        cfg.given = frozenset(settings)           # an attribute, not a field: not a setting, not saved
+        return cfg
 
     def replace(self, **settings) -> "TrainConfig":
         """A copy with settings changed by name, top-level or a policy's."""

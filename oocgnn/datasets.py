@@ -181,12 +181,19 @@ NPZ_KEYS = ("src", "dst", "feat", "label", "train_idx", "val_idx", "test_idx")
 _SPLITS = (("train_idx", "train"), ("val_idx", "valid"), ("test_idx", "test"))
 
 
+MAX_CLASSES = 1 << 16      # more classes than nodes are refused; up to this many, whatever the nodes
+
+
 def _check_labels(where: str, labels) -> np.ndarray:
     labels = np.asarray(labels)
     if labels.ndim != 1 or (len(labels) and not np.issubdtype(labels.dtype, np.integer)):
         raise UserError(f"{where}: labels must be a 1-D integer array, got {labels.dtype} {labels.shape}")
     if len(labels) and labels.min() < -1:
         raise UserError(f"{where}: labels must be 0..C-1 (or -1 for unlabelled), found {labels.min()}")
+    if len(labels) and labels.max() >= max(len(labels), MAX_CLASSES):
+        raise UserError(f"{where}: labels must be class indices 0..C-1, but the largest is {labels.max():,} with "
+                        f"{len(labels):,} nodes (C is the largest + 1: the model would have that many outputs); "
+                        "number the classes from 0")
     return labels.astype(np.int64, copy=False)
 
 
@@ -444,7 +451,7 @@ def load_ogb_raw(root, name=None, split="auto", feature_dir=None, chunk_rows=1_0
     known = ~np.isnan(lab)
     if (lab[known] < 0).any() or (lab[known] != np.round(lab[known])).any():
         raise UserError(f"{label_file}: labels must be non-negative integers (or NaN)")
-    labels = np.where(known, lab, -1).astype(np.int64)
+    labels = _check_labels(str(label_file), np.where(known, lab, -1).astype(np.int64))
     del lab, known
     n = len(labels)
 

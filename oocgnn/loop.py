@@ -193,8 +193,8 @@ def run_loop(cfg, run, store, plan, runtime, t_enter, device, mix, ranks=None, f
     sampler = runtime.sampler
     if not cfg.resume and writes:
         run.write_json("config.json", {
-            **cfg.to_dict(), "store_meta": {k: store.meta[k] for k in
-                                            ("name", "num_nodes", "num_edges", "feat_dim", "num_parts")},
+            **cfg.to_dict(), "store_meta": {k: store.meta.get(k) for k in
+                                            ("name", "num_nodes", "num_edges", "feat_dim", "num_parts", "checksum")},
             "policy_memory": plan.memory(), "schedule": repr(plan.schedule), "topology": plan.topology,
             "host": {"python": platform.python_version(), "torch": torch.__version__, "cpus": os.cpu_count(),
                      "device": str(device), "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
@@ -233,8 +233,8 @@ def run_loop(cfg, run, store, plan, runtime, t_enter, device, mix, ranks=None, f
             st["loss_sum"], st["loss_n"] = st["loss_sum"] + value, st["loss_n"] + 1
 
     def accuracies():
-        correct = evaluator.correct(model)
-        return dict(zip(eval_sets, (c / max(1, eval_totals[s]) for s, c in
+        correct = evaluator.correct(model)        # an empty split has no accuracy (NaN in the log), not 0
+        return dict(zip(eval_sets, (c / eval_totals[s] if eval_totals[s] else float("nan") for s, c in
                                     zip(eval_sets, ranks.sum([correct[s] for s in eval_sets])))))
 
     def log_eval(epoch, step):
@@ -381,8 +381,8 @@ def run_loop(cfg, run, store, plan, runtime, t_enter, device, mix, ranks=None, f
         "epochs": cfg.epochs, "steps": len(slots), "epoch_steps": epoch_steps, "resumed_at": start,
         "train_s": round(train_s, 3), "epoch_s": round(train_s / epochs_run, 3),
         "setup_s": round(setup_s, 3), "stage_s": stage,
-        "best_val_acc": float(log["val_acc"][best]), "test_at_best_val": float(log["test_acc"][best]),
-        "final_val_acc": float(log["val_acc"].iloc[-1]), "final_test_acc": float(log["test_acc"].iloc[-1]),
+        "best_val_acc": float(log["val_acc"][best]), "test_at_best_val": _metric(log["test_acc"][best]),
+        "final_val_acc": float(log["val_acc"].iloc[-1]), "final_test_acc": _metric(log["test_acc"].iloc[-1]),
         "target_acc": cfg.target_acc,
         "time_to_target_s": float(reached["wall_s"].iloc[0]) if len(reached) else None,
         "io": {**io.as_dict(), "reader": reader},
@@ -403,6 +403,11 @@ def run_loop(cfg, run, store, plan, runtime, t_enter, device, mix, ranks=None, f
     if writes:
         run.write_json("summary.json", summary)
     return {**summary, "run_dir": str(run.path) if writes else "", "log": log}
+
+
+def _metric(value):
+    """A metric for summary.json: None where it has no value (an empty split), not NaN."""
+    return None if np.isnan(value) else float(value)
 
 
 def _ranks_summary(summary, ranks, runtime, steps, epochs_run) -> dict:

@@ -148,13 +148,25 @@ def resumed_config(cfg: TrainConfig, run: RunDir) -> TrainConfig:
                                     "threads": cfg.threads, "out": str(run.path)})
     if cfg.out and Path(cfg.out).resolve() != run.path.resolve():
         raise UserError(f"--resume continues {run.path} in place; --out {cfg.out} names another directory")
+    given = getattr(cfg, "given", None)          # the settings named (`TrainConfig.create`), else those not at default
     defaults = TrainConfig(store=cfg.store)
     changed = [name for name in SETTINGS if name not in _RESUME_MAY_CHANGE
-               and cfg.get(name) != defaults.get(name) and cfg.get(name) != resumed.get(name)]
+               and (name in given if given is not None else cfg.get(name) != defaults.get(name))
+               and cfg.get(name) != resumed.get(name)]
     if changed:
         raise UserError(f"--resume continues {run.path} with the settings it was started with; "
                         + ", ".join(f"{n} {cfg.get(n)!r} differs from its {resumed.get(n)!r}" for n in changed))
     return resumed
+
+
+def check_same_store(run: RunDir, meta: dict):
+    """Refuse to resume `run` on a store other than the one it started on: the same path rewritten with
+    another graph (`prepare --force`) has another meta checksum."""
+    saved = read_json(run.path / "config.json").get("store_meta", {})
+    if saved.get("checksum") is not None and saved["checksum"] != meta.get("checksum"):
+        raise UserError(f"{run.path} started on another store than the one now at {saved.get('name', 'its path')} "
+                        f"(meta checksum {saved['checksum']}, now {meta.get('checksum')}: it was prepared again "
+                        "since); its checkpoint does not fit this store")
 
 
 _RESUME_MAY_CHANGE = {"store", "resume", "progress", "threads", "out", "force", "device"}

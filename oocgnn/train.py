@@ -29,7 +29,7 @@ from .errors import UserError
 from .loop import Ranks, run_loop, seed_everything
 from .mixing import mixing
 from .policies import make_plan
-from .rundir import RunDir, default_run_dir, read_json, resumed_config
+from .rundir import RunDir, check_same_store, default_run_dir, read_json, resumed_config
 from .rankplans import ExchangeEvaluation, ExchangeRuntime
 from .runtime import Runtime
 from .shards import RankData
@@ -78,6 +78,8 @@ def _train(cfg, run, ranks, t_enter) -> dict:
     if ranks.distributed and exchanges(cfg):               # ranks holding only their own rows (BatchGNN's exchanges)
         return _train_own_rows(cfg, run, ranks, t_enter)
     store = open_store(cfg.store)
+    if cfg.resume:
+        check_same_store(run, store.meta)
     for split in ("train", "val"):
         if not len(getattr(store, f"{split}_idx")):
             raise UserError(f"{store.path}: the {split} split is empty; a run needs training and validation nodes")
@@ -107,6 +109,8 @@ def _train(cfg, run, ranks, t_enter) -> dict:
 def _train_own_rows(cfg, run, ranks, t_enter) -> dict:
     """A rank that holds only its own rows and lists, from the store or its shard (`shards.RankData`)."""
     data = RankData.open(cfg.store, ranks.world, ranks.rank)
+    if cfg.resume:
+        check_same_store(run, data.meta)
     ranks.bounds = data.bounds
     seed_everything(cfg.seed)                      # the same initial weights on every rank
     runtime = ExchangeRuntime(cfg, data, ranks.device)

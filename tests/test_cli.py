@@ -31,6 +31,11 @@ def test_prepare_info_train_report(tmp_path):
     import pandas as pd
     csv = pd.read_csv(out.with_suffix(".csv"))           # inmemory: one group, the training set itself
     assert (csv["mixing_tv_mean"] == 0).all() and "label TV 0.000" in r.stdout
+    log = (run / "log.csv").read_bytes()
+    for inside in (run / "log", run / "sub" / "x"):       # never into a run it reads (its log.csv was overwritten)
+        r = oocgnn("report", run, "--out", inside)
+        assert r.returncode == 2 and "inside the run directory" in r.stderr and "Traceback" not in r.stderr
+    assert (run / "log.csv").read_bytes() == log and not (run / "sub").exists()
 
 
 def test_a_partitioned_store_prepared_here_is_the_one_the_notebooks_reuse(tmp_path):

@@ -13,7 +13,7 @@ import pytest
 from oocgnn.config import TrainConfig
 from oocgnn.datasets import GraphData
 from oocgnn.errors import UserError
-from oocgnn.store import write_store
+from oocgnn.store import open_store, write_store
 from oocgnn.train import train
 
 
@@ -60,6 +60,27 @@ def test_bad_numbers_are_refused_at_prepare(tmp_path, case, words):
     assert not (tmp_path / "store").exists(), "nothing half-written is left"
 
 
+@pytest.mark.parametrize("labels, words", [(10**12, "the largest is 1,000,000,000,000 with 60 nodes"),
+                                           (70_000, "the largest is 70,000"), (-3, "found -3")])
+def test_labels_that_are_not_class_indices_are_refused_at_prepare(tmp_path, labels, words):
+    """A label far beyond the classes would become the class count (a model with that many outputs)."""
+    src = _npz(tmp_path / "g.npz")
+    arr = dict(np.load(src))
+    arr["label"][5] = labels
+    np.savez(src, **arr)
+    assert_one_line_error(oocgnn("prepare", src, "--out", tmp_path / "store"), words)
+    assert not (tmp_path / "store").exists()
+    arr["label"][5] = 59                          # as many classes as nodes at most: accepted
+    np.savez(src, **arr)
+    assert oocgnn("prepare", src, "--out", tmp_path / "ok").returncode == 0
+
+
+def test_prepare_refuses_options_it_would_ignore(tmp_path):
+    r = oocgnn("prepare", "synthetic", "--preset", "tiny", "--row-normalize", "--out", tmp_path / "s")
+    assert_one_line_error(r, "--row-normalize applies to .npz sources only")
+    assert not (tmp_path / "s").exists()
+
+
 @pytest.mark.parametrize("split", ["train_idx", "val_idx"])
 def test_a_store_without_training_or_validation_nodes_is_refused(tiny_data, tmp_path, split):
     import dataclasses
@@ -67,6 +88,25 @@ def test_a_store_without_training_or_validation_nodes_is_refused(tiny_data, tmp_
     store = write_store(data, tmp_path / "s", progress=False)
     with pytest.raises(UserError, match=f"the {split.split('_')[0]} split is empty"):
         _run(store, tmp_path)
+
+
+@pytest.mark.parametrize("eval_mode", ["layerwise", "batch"])
+def test_a_split_without_test_nodes_has_no_test_accuracy(tiny_data, tmp_path, capsys, eval_mode):
+    """No test nodes: the log's test accuracy is empty and the summary's None, never a made-up 0.0; the
+    command line says so."""
+    import dataclasses
+    from oocgnn.cli import main
+    store = write_store(dataclasses.replace(tiny_data, test_idx=np.empty(0, np.int64)), tmp_path / "s",
+                        progress=False)
+    s = _run(store, tmp_path, eval_mode=eval_mode)
+    assert s["test_at_best_val"] is None and s["final_test_acc"] is None and s["best_val_acc"] > 0
+    log = pd.read_csv(tmp_path / "run" / "log.csv")
+    assert log["test_acc"].isna().all() and log["val_acc"].notna().all()
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["test_at_best_val"] is None
+    capsys.readouterr()
+    assert main(["train", str(store.path), "--epochs", "1", "--batch-size", "128", "--no-progress",
+                 "--eval-mode", eval_mode, "--out", str(tmp_path / "cli")]) == 0
+    assert "test at best val - (no test nodes)" in capsys.readouterr().out
 
 
 def test_a_diverging_run_stops_with_a_clear_message(tiny_data, tmp_path):
@@ -179,11 +219,15 @@ def test_resume_needs_a_checkpoint_of_the_same_store(tiny_store, fennel16, tmp_p
 
 
 @pytest.mark.parametrize("given, words", [({"epochs": 9}, "epochs 9 differs from its 2"),
+                                          ({"epochs": 5}, "epochs 5 differs from its 2"),      # 5: the default
+                                          ({"batch_size": 1024}, "batch_size 1024 differs from its 128"),
+                                          ({"max_eval_nodes": 20_000}, "max_eval_nodes 20000 differs"),
                                           ({"passes": 3.0}, "passes 3.0 differs"),
                                           ({"out": "elsewhere"}, "names another directory")])
 def test_resume_refuses_settings_that_differ_from_the_run(tiny_store, tmp_path, given, words):
     """--resume continues a run with its own settings: a different value given beside it is refused, not
-    silently ignored (the same value, or the progress bar and threads, may be given)."""
+    silently ignored, even when it is the setting's default (the same value, or the progress bar and
+    threads, may be given)."""
     _run(tiny_store, tmp_path, name="r", checkpoint_every=2, max_steps=3)
     with pytest.raises(UserError, match="finished: there is nothing to resume"):
         train(TrainConfig.create(store=str(tiny_store.path), resume=str(tmp_path / "r"), progress=False))
@@ -195,6 +239,33 @@ def test_resume_refuses_settings_that_differ_from_the_run(tiny_store, tmp_path, 
     given = {k: str(tmp_path / v) if k == "out" else v for k, v in given.items()}
     with pytest.raises(UserError, match=words):
         train(TrainConfig.create(store=str(tiny_store.path), resume=str(tmp_path / "r"), progress=False, **given))
+
+
+def test_resume_refuses_a_store_prepared_again_at_the_same_path(tmp_path):
+    """A run killed, its store's path prepared again with another graph (`prepare --force`): resuming it
+    there is refused (the store's meta checksum differs), not continued on the new data."""
+    from oocgnn.cli import main
+    store = tmp_path / "st"
+    assert main(["prepare", "synthetic", "--preset", "tiny", "--out", str(store), "--quiet"]) == 0
+    run = tmp_path / "r"
+    _run(open_store(store), tmp_path, name="r", checkpoint_every=2, max_steps=3)
+    (run / "summary.json").unlink()                              # as if killed after its last checkpoint
+    assert main(["prepare", "synthetic", "--preset", "tiny", "--seed", "1", "--out", str(store), "--force",
+                 "--quiet"]) == 0
+    with pytest.raises(UserError, match="another store than the one now at"):
+        train(TrainConfig.create(store=str(store), resume=str(run), progress=False))
+    assert not (run / "summary.json").exists(), "nothing continued"
+
+
+def test_resume_takes_the_store_from_the_run(tiny_store, tmp_path, capsys):
+    """`train --resume RUN` needs no STORE: the run's config.json names it."""
+    from oocgnn.cli import main
+    _run(tiny_store, tmp_path, name="r", checkpoint_every=2, max_steps=3)
+    (tmp_path / "r" / "summary.json").unlink()
+    assert main(["train", "--resume", str(tmp_path / "r"), "--no-progress"]) == 0
+    assert (tmp_path / "r" / "summary.json").exists()
+    assert main(["train", "--resume", str(tmp_path / "nothing"), "--no-progress"]) == 2
+    assert "holds no run to resume" in capsys.readouterr().err
 
 
 # ---- the budget of the baselines -------------------------------------------------------------
@@ -298,7 +369,6 @@ def test_a_list_damaged_after_open_is_refused_when_read(fennel16, tmp_path, read
     """indices.bin damaged once the store is open (no checksum sees it then): the disk topology refuses
     an out-of-range id as it reads it, instead of sampling out of bounds."""
     from oocgnn.errors import StoreError
-    from oocgnn.store import open_store
     from oocgnn.topology import NeighbourLists
     shutil.copytree(fennel16.path, tmp_path / "s")
     store = open_store(tmp_path / "s")

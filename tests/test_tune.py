@@ -45,6 +45,14 @@ def test_candidates_never_propose_a_plan_that_warns(fennel16):
         assert mixing(plan)["warning"] and plan.resident_bytes() <= plan.budget
 
 
+def test_a_baseline_whose_own_arrays_exceed_the_budget_is_no_candidate(fennel16):
+    """mmap bounds its page cache by the budget, not its slot table and lists: at 1 KB they do not fit,
+    so it is not proposed (it used to be "chosen" there)."""
+    df = candidates(fennel16, _cfg(fennel16, memory_budget="1KB"), policies=["mmap", "inmemory"])
+    assert not df.fits.any() and df.reason.str.contains("more than the budget").all(), df[["config", "reason"]]
+    assert candidates(fennel16, _cfg(fennel16, memory_budget="2MB"), policies=["mmap"]).fits.all()
+
+
 def test_candidates_only_the_policies_asked(fennel16):
     df = candidates(fennel16, _cfg(fennel16, memory_budget="2MB"), policies=["mmap", "outre"])
     assert set(df.policy) == {"mmap", "outre"}
