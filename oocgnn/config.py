@@ -9,7 +9,11 @@ is also its CLI flag (`--parts-per-megabatch`): `TrainConfig.create(**settings)`
 """
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import asdict, dataclass, field, fields, replace
+
+import numpy as np
 
 from .errors import UserError
 from .policies import POLICIES, setting
@@ -17,7 +21,8 @@ from .units import parse_size
 
 
 EVAL_MODES = ("layerwise", "batch")   # --eval-mode (oocgnn.evaluation)
-PRECISIONS = ("fp32", "bf16")     # --precision: float32, or bfloat16 autocast (oocgnn.device)
+PRECISIONS = ("fp32", "bf16")
+MAX_HIDDEN = 1 << 16          # --hidden: wider layers are refused before torch tries to allocate them     # --precision: float32, or bfloat16 autocast (oocgnn.device)
 
 
 def parse_fanouts(text) -> tuple:
@@ -124,10 +129,16 @@ class TrainConfig:
         for name in ("epochs", "batch_size", "hidden", "eval_batch_size"):
             if int(getattr(self, name)) < 1:
                 raise UserError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.hidden > MAX_HIDDEN:
+            raise UserError(f"hidden must be at most {MAX_HIDDEN:,} (a layer of {self.hidden:,} units would not "
+                            f"fit in memory), got {self.hidden:,}")
         if not 0 <= self.dropout < 1 or self.lr <= 0 or not 0 <= self.target_acc <= 1:
             raise UserError("need 0 <= dropout < 1, lr > 0 and 0 <= target_acc <= 1")
         if min(self.eval_every, self.max_eval_nodes, self.threads, self.max_steps, self.checkpoint_every, self.seed) < 0:
             raise UserError("eval_every, max_eval_nodes, max_steps, threads, checkpoint_every and seed must be >= 0")
+        for name, most in (("seed", 2**32 - 8), ("threads", 4096)):   # numpy's seeds; torch's thread count
+            if getattr(self, name) > most:
+                raise UserError(f"{name} must be at most {most:,}, got {getattr(self, name):,}")
         self.memory_budget_bytes = parse_size(self.memory_budget)
         if self.precision not in PRECISIONS:
             raise UserError(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
@@ -207,15 +218,45 @@ def _settings() -> tuple[dict, dict]:
 SETTINGS, OWNERS = _settings()
 
 
+def _typed(name, value):
+    """`value` as setting `name`'s declared type takes it, or a one-line UserError naming the setting: an
+    int is whole (an integral float is taken, a bool is not), a float is a finite number, a bool is a bool;
+    str settings are parsed where they are used. A wrong type from --config JSON or a call never reaches
+    numpy or torch."""
+    kinds = [k.strip() for k in str(SETTINGS[name][1].type).split("|")]
+    number = isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
+    if "int" in kinds and number and float(value).is_integer() and math.isfinite(value):
+        return int(value)
+    if "float" in kinds and number and math.isfinite(value):
+        return float(value)
+    if "bool" in kinds and isinstance(value, bool):
+        return value
+    if kinds == ["str"] or ("str" in kinds and isinstance(value, str)) or not {"int", "float", "bool"} & set(kinds):
+        return value
+    want = " or ".join({"int": "a whole number", "float": "a finite number", "bool": "true or false",
+                        "str": "a word (such as auto)"}[k] for k in kinds)
+    raise UserError(f"setting {name} must be {want}, got {value!r}")
+
+
 def _route(settings: dict) -> tuple[dict, dict]:
-    """Split settings by name into top-level ones and {policy: its options}; nested dicts pass."""
+    """Split settings by name into top-level ones and {policy: its options}, each of its type (`_typed`);
+    nested dicts pass, their settings typed too."""
     top, nested = {}, {}
     for name, value in settings.items():
         if name in POLICY_OPTIONS and isinstance(value, dict):
-            nested.setdefault(name, {}).update(value)
-        elif name in POLICY_OPTIONS and isinstance(value, POLICIES[name].Options):
+            known = {f.name for f in fields(POLICIES[name].Options)}
+            unknown = sorted(map(repr, set(value) - known))
+            if unknown:
+                raise UserError(f"unknown setting(s) {', '.join(unknown)} of policy {name}; its settings are: "
+                                f"{', '.join(sorted(known))}")
+            nested.setdefault(name, {}).update({k: _typed(k, v) for k, v in value.items()})
+            continue
+        if name in POLICY_OPTIONS and isinstance(value, POLICIES[name].Options):
             top[name] = value
-        elif name in OWNERS:                      # a policy's, set in every policy sharing it
+            continue
+        if name in SETTINGS:
+            value = _typed(name, value)
+        if name in OWNERS:                      # a policy's, set in every policy sharing it
             for owner in OWNERS[name]:
                 nested.setdefault(owner, {})[name] = value
         elif name in SETTINGS:
