@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -61,10 +62,18 @@ def joined(cfg):
     if not all(v in os.environ for v in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")):
         raise UserError("--distributed runs under torchrun, e.g. torchrun --nproc-per-node 2 -m oocgnn train "
                         "STORE --distributed (RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT are not set)")
+    rank, world = _environment()
     device = rank_device(cfg.device)
     timeout = timedelta(seconds=cfg.dist_timeout)
-    dist.init_process_group("gloo", timeout=timeout)
-    rank, world = dist.get_rank(), dist.get_world_size()
+    if rank:                                       # torch's client would print its retries as C++ errors
+        _wait_for_master(rank, world, cfg.dist_timeout)
+    try:
+        dist.init_process_group("gloo", timeout=timeout, rank=rank, world_size=world)
+    except (RuntimeError, ValueError, dist.DistError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise UserError(f"rank {rank} of {world}: the ranks did not meet at {os.environ['MASTER_ADDR']}:"
+                        f"{os.environ['MASTER_PORT']} within --dist-timeout {cfg.dist_timeout:g} s (are the other "
+                        f"ranks started, with the same MASTER_ADDR and MASTER_PORT?) ({first[:200]})") from None
     try:
         yield TorchRanks(rank, world, device, gradient_group(device, world, timeout))
     except UserError:
@@ -74,6 +83,40 @@ def joined(cfg):
         raise UserError(f"rank {rank} of {world}: a collective failed: another rank died or did not answer "
                         f"within --dist-timeout {cfg.dist_timeout:g} s ({first[:300]})") from None
     dist.destroy_process_group()
+
+
+def _environment() -> tuple[int, int]:
+    """(RANK, WORLD_SIZE) from torchrun's environment, checked: whole numbers, 0 <= RANK < WORLD_SIZE, and a
+    port that is one."""
+    values = {}
+    for name in ("RANK", "WORLD_SIZE", "MASTER_PORT"):
+        try:
+            values[name] = int(os.environ[name])
+        except ValueError:
+            raise UserError(f"--distributed: {name}={os.environ[name]!r} is not a whole number "
+                            "(torchrun sets it; so must whoever starts the ranks by hand)") from None
+    rank, world = values["RANK"], values["WORLD_SIZE"]
+    if world < 1 or not 0 <= rank < world:
+        raise UserError(f"--distributed: RANK={rank} with WORLD_SIZE={world}; a rank is 0..WORLD_SIZE-1")
+    if not 0 < values["MASTER_PORT"] < 65536:
+        raise UserError(f"--distributed: MASTER_PORT={values['MASTER_PORT']} is not a port (1..65535)")
+    return rank, world
+
+
+def _wait_for_master(rank, world, seconds):
+    """Wait until rank 0's rendezvous (MASTER_ADDR:MASTER_PORT) accepts connections, at most `seconds`."""
+    addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            socket.create_connection((addr, port), timeout=1).close()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise UserError(f"rank {rank} of {world}: the ranks did not meet at {addr}:{port} within "
+                                f"--dist-timeout {seconds:g} s (is rank 0 started, with the same MASTER_ADDR and "
+                                "MASTER_PORT?)") from None
+            time.sleep(0.2)
 
 
 class TorchRanks(Ranks):

@@ -81,8 +81,13 @@ class RunDir:
         _atomic(self.path / name, lambda p: df.assign(run_id=self.run_id).to_csv(p, index=False))
 
     def save_checkpoint(self, state: dict):
-        import torch
-        _atomic(self.path / "checkpoint.pt", lambda p: torch.save({**state, "run_id": self.run_id}, p))
+        import torch  # torch: imported when used, not with this module
+        try:
+            _atomic(self.path / "checkpoint.pt", lambda p: torch.save({**state, "run_id": self.run_id}, p))
+        except RuntimeError as e:                  # torch's writer reports a full disk as a RuntimeError
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise UserError(f"cannot write {self.path / 'checkpoint.pt'} ({first[:200]}): is the disk full? "
+                            "The last checkpoint written is kept") from None
 
     def load_checkpoint(self) -> dict:
         import torch

@@ -403,3 +403,24 @@ def test_hierbatching_per_rank_trains_inside_its_own_megabatches(fennel16, passe
     assert auto.static_ratio == static_ratio_for(400_000, (data.hi - data.lo) * data.row_bytes) < 0.05
     with pytest.raises(UserError, match="memory-budget"):
         make_rank_plan(cfg.replace(memory_budget="4KB"), RankData.open(fennel16.path, 2, 0), None, lists, None, None)
+
+
+@pytest.mark.parametrize("env, words", [({"RANK": "0", "WORLD_SIZE": "abc"}, "WORLD_SIZE='abc' is not a whole number"),
+                                        ({"RANK": "x", "WORLD_SIZE": "2"}, "RANK='x'"),
+                                        ({"RANK": "2", "WORLD_SIZE": "2"}, "RANK=2 with WORLD_SIZE=2"),
+                                        ({"RANK": "0", "WORLD_SIZE": "0"}, "RANK=0 with WORLD_SIZE=0"),
+                                        ({"MASTER_PORT": "99999"}, "MASTER_PORT=99999 is not a port"),
+                                        ({"RANK": "0", "WORLD_SIZE": "2"}, "the ranks did not meet"),
+                                        ({"RANK": "1", "WORLD_SIZE": "2"}, "the ranks did not meet")])
+def test_a_bad_distributed_environment_is_one_line_in_bounded_time(fennel16, tmp_path, env, words):
+    """A rank started by hand with a broken environment, or whose peers never come: one line naming the
+    variable (or the address it waited at), exit 2, within the timeout, not a torch traceback."""
+    full = {**os.environ, "RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(_free_port()), "OMP_NUM_THREADS": "1", **env}
+    t = time.time()
+    r = subprocess.run([sys.executable, "-m", "oocgnn", "train", str(fennel16.path), "--distributed", "--epochs", "1",
+                        "--dist-timeout", "3", "--no-progress", "--out", str(tmp_path / "run")],
+                       capture_output=True, text=True, env=full, timeout=120)
+    err = r.stderr.strip()
+    assert r.returncode == 2 and err.count("\n") == 0 and words in err and "Traceback" not in err, err[-2000:]
+    assert time.time() - t < 60

@@ -344,6 +344,30 @@ def test_a_full_or_read_only_disk_ends_in_one_line(tiny_store, tmp_path, monkeyp
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["config.json"]
 
 
+@pytest.mark.parametrize("error", [RuntimeError("[enforce fail at inline_container.cc:664] . unexpected pos "
+                                                  "1216 vs 1100"), OSError(errno.ENOSPC, "No space left on device")])
+def test_a_checkpoint_that_cannot_be_written_ends_in_one_line(tiny_store, tmp_path, monkeypatch, capsys, kill_at,
+                                                               error):
+    """torch.save on a full disk raises a RuntimeError, not an OSError: one line all the same, the
+    checkpoint written before kept whole, no temporary file left."""
+    import torch
+    kill_at(3)                                    # killed at step 3, its checkpoint of step 2 on disk
+    with pytest.raises(KeyboardInterrupt):
+        _run(tiny_store, tmp_path, name="run", checkpoint_every=2)
+    kill_at(None)
+    kept = (tmp_path / "run" / "checkpoint.pt").read_bytes()
+    def failing(obj, path, *a, **kw):
+        with open(path, "wb") as f:                  # a partial write, then the failure
+            f.write(b"partial")
+        raise error
+    monkeypatch.setattr(torch, "save", failing)
+    code, err = _cli(capsys, "train", "--resume", tmp_path / "run", "--no-progress")   # its next checkpoint: step 4
+    assert code == 2 and err.count("\n") == 0 and "Traceback" not in err, err
+    assert ("is the disk full" in err) if isinstance(error, RuntimeError) else ("No space left" in err)
+    assert not [p for p in (tmp_path / "run").iterdir() if p.name.startswith(".")], "no temporary file left"
+    assert (tmp_path / "run" / "checkpoint.pt").read_bytes() == kept
+
+
 def test_a_read_only_parent_ends_in_one_line(tiny_store, tmp_path, monkeypatch, capsys):
     import pathlib
     def failing(self, *a, **kw):
