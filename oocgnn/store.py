@@ -12,6 +12,7 @@ files' CRC32 once, then trusted while a stamp of their size, mtime, ctime and in
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import mmap
 import os
@@ -442,7 +443,8 @@ def _write_stamp(root: Path, meta: dict):
         tmp.write_text(json.dumps(stamp))
         os.replace(tmp, root / STAMP)
     except OSError:
-        tmp.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):      # a read-only store: even the cleanup's unlink is refused
+            tmp.unlink(missing_ok=True)
 
 
 class Store:

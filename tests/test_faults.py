@@ -368,6 +368,31 @@ def test_a_checkpoint_that_cannot_be_written_ends_in_one_line(tiny_store, tmp_pa
     assert (tmp_path / "run" / "checkpoint.pt").read_bytes() == kept
 
 
+def test_a_store_on_a_read_only_file_system_opens_and_trains(tiny_store, tmp_path, monkeypatch, capsys):
+    """No stamp can be written there (nor its temporary file removed): the store opens, `info --verify`
+    checks it, and it trains; nothing is written into it."""
+    import pathlib
+    store = tmp_path / "ro"
+    shutil.copytree(tiny_store.path, store, ignore=shutil.ignore_patterns(".*"))
+    before = sorted(p.name for p in store.iterdir())
+    real_write, real_unlink = pathlib.Path.write_text, pathlib.Path.unlink
+
+    def read_only(real):
+        def refuse(self, *a, **kw):
+            if store in self.parents:
+                raise OSError(errno.EROFS, "Read-only file system", str(self))
+            return real(self, *a, **kw)
+        return refuse
+    monkeypatch.setattr(pathlib.Path, "write_text", read_only(real_write))
+    monkeypatch.setattr(pathlib.Path, "unlink", read_only(real_unlink))
+    code, err = _cli(capsys, "info", store, "--verify")
+    assert code == 0 and not err, err
+    code, err = _cli(capsys, "train", store, "--epochs", "1", "--batch-size", "512", "--no-progress",
+                     "--max-eval-nodes", "100", "--out", tmp_path / "run")
+    assert code == 0, err
+    assert sorted(p.name for p in store.iterdir()) == before
+
+
 def test_a_read_only_parent_ends_in_one_line(tiny_store, tmp_path, monkeypatch, capsys):
     import pathlib
     def failing(self, *a, **kw):
