@@ -494,6 +494,9 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print("oocgnn: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:               # `oocgnn info --json | head`: the reader had enough; not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())   # (Python would complain at exit)
+        return 141                        # as a command killed by SIGPIPE
     except OSError as e:                  # the environment: a full or read-only disk, EIO, a path in the way
         print(f"oocgnn: error: {os_error_line(e)}", file=sys.stderr)
         return 2

@@ -32,6 +32,7 @@ from .units import parse_size
 
 # knobs tried per policy (each plan's `grid`); a knob's values whose plans do not fit the budget are dropped
 GRID = {name: [dict(k) for k in plan.grid] for name, plan in POLICIES.items()}
+TUNE_FILES = {"tune.json", "ranking.csv", "chosen.json", "predicted_vs_measured.png", "runs"}   # what it writes
 MEGABATCH_KEEP = 3      # mega-batch policies: only the largest N_d that fit (more parts per mega-batch mix better)
 
 
@@ -148,8 +149,9 @@ def tune(cfg, out, top=3, time_limit=0.0, predict_steps=None, policies=None, cac
     if time_limit < 0:
         raise UserError(f"--time-limit must be >= 0 seconds (0: no limit), got {time_limit}")
     out = Path(out)
-    if out.exists() and any(out.iterdir()) and not (out / "tune.json").exists() and not (out / "ranking.csv").exists():
-        raise UserError(f"{out} holds other files; give --out a new or a tune directory")
+    others = sorted(p.name for p in out.iterdir() if p.name not in TUNE_FILES) if out.is_dir() else []
+    if others:                                     # an interrupted tune left only its own: taken again
+        raise UserError(f"{out} holds other files ({', '.join(others[:3])}); give --out a new or a tune directory")
     out.mkdir(parents=True, exist_ok=True)
     store = open_store(cfg.store)
     t0 = time.perf_counter()
@@ -175,7 +177,7 @@ def tune(cfg, out, top=3, time_limit=0.0, predict_steps=None, policies=None, cac
     ranking["chosen"] = ranking.index == chosen
     pick = ranking.loc[chosen]
     config = cfg.replace(policy=pick.policy, **json.loads(pick.knobs), out="", force=False, resume="",
-                         max_steps=0).to_dict()
+                         max_steps=0, store=str(Path(cfg.store).resolve())).to_dict()   # usable from anywhere
     config.pop("memory_budget_bytes", None)
     (out / "chosen.json").write_text(json.dumps(config, indent=1))
     ranking.to_csv(out / "ranking.csv", index=False)

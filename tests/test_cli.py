@@ -154,3 +154,15 @@ def test_prepare_split_rejects_bad_specs(tmp_path, capsys, spec, msg):
     assert main(["prepare", "synthetic", "--preset", "tiny", "--out", str(tmp_path / "s"), "--split", spec]) == 2
     err = capsys.readouterr().err
     assert "bad --split" in err and msg in err and not (tmp_path / "s").exists()
+
+
+def test_output_into_a_closed_pipe_is_not_an_error():
+    """`oocgnn info --json | head`: the reader stops reading; no 'Broken pipe' error, the exit status of a
+    command ended by SIGPIPE."""
+    import sys
+    p = subprocess.Popen([sys.executable, "-m", "oocgnn", "info", "--help"], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE)
+    p.stdout.close()
+    err = p.stderr.read().decode()
+    p.wait(timeout=60)
+    assert p.returncode in (0, 141) and err == "", err

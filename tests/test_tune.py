@@ -68,6 +68,7 @@ def test_choose():
 
 def test_tune_writes_a_choice_that_trains(fennel16, tmp_path, capsys):
     out = tmp_path / "tune"
+    (out / "runs" / "mmap").mkdir(parents=True)       # an interrupted tune's leftovers: its --out is taken again
     rc = main(["tune", str(fennel16.path), "--memory-budget", "2MB", "--epochs", "1", "--top", "2",
                "--batch-size", "256", "--fanouts", "5,5", "--max-eval-nodes", "64", "--no-progress",
                "--policies", "mmap,outre,hierbatching", "--out", str(out), "--cache-dir", str(tmp_path / "cache")])
@@ -79,6 +80,7 @@ def test_tune_writes_a_choice_that_trains(fennel16, tmp_path, capsys):
     assert ranking.loc[ranking.chosen, "measured_s"].notna().all()   # the choice was measured
     chosen = json.loads((out / "chosen.json").read_text())
     assert chosen["memory_budget"] == "2MB" and chosen["out"] == ""
+    assert chosen["store"] == str(fennel16.path.resolve())     # the config works from any directory
     assert (out / "predicted_vs_measured.png").stat().st_size > 0
     assert json.loads((out / "tune.json").read_text())["chosen"] == ranking.loc[ranking.chosen, "config"].item()
     run = tmp_path / "run"
@@ -127,3 +129,11 @@ def test_train_config_errors(tmp_path, capsys):
     assert main(["train", "--config", str(tmp_path / "bad.json")]) == 2 and "JSON object" in capsys.readouterr().err
     (tmp_path / "typo.json").write_text('{"store": "x", "pases": 2}')
     assert main(["train", "--config", str(tmp_path / "typo.json")]) == 2 and "pases" in capsys.readouterr().err
+
+
+def test_tune_refuses_an_out_that_holds_other_files(fennel16, tmp_path, capsys):
+    (tmp_path / "o").mkdir()
+    (tmp_path / "o" / "notes.txt").write_text("mine")
+    assert main(["tune", str(fennel16.path), "--out", str(tmp_path / "o"), "--no-progress"]) == 2
+    assert "holds other files (notes.txt)" in capsys.readouterr().err
+    assert (tmp_path / "o" / "notes.txt").read_text() == "mine"
