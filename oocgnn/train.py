@@ -61,6 +61,13 @@ def train(cfg: TrainConfig) -> dict:
 
 def _train(cfg, run, ranks, t_enter) -> dict:
     world = ranks.world
+    own_rows = ranks.distributed and exchanges(cfg)   # ranks holding only their own rows (BatchGNN's exchanges)
+    store = None if own_rows else open_store(cfg.store)   # a bad store is refused before --out is made
+    if store is not None:
+        for split in ("train", "val"):
+            if not len(getattr(store, f"{split}_idx")):
+                raise UserError(f"{store.path}: the {split} split is empty; a run needs training and validation "
+                                "nodes")
     if run is None and ranks.rank == 0:
         default = Path(f"{default_run_dir(cfg)}-r{world}") if ranks.distributed else default_run_dir(cfg)
         run = RunDir.create(Path(cfg.out) if cfg.out else default, force=cfg.force)
@@ -75,14 +82,10 @@ def _train(cfg, run, ranks, t_enter) -> dict:
                         f"resume it with as many, not {world}")
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    if ranks.distributed and exchanges(cfg):               # ranks holding only their own rows (BatchGNN's exchanges)
+    if own_rows:
         return _train_own_rows(cfg, run, ranks, t_enter)
-    store = open_store(cfg.store)
     if cfg.resume:
         check_same_store(run, store.meta)
-    for split in ("train", "val"):
-        if not len(getattr(store, f"{split}_idx")):
-            raise UserError(f"{store.path}: the {split} split is empty; a run needs training and validation nodes")
     facts = {}
     if ranks.distributed:
         store = ranks.view(store)                  # the policy over this rank's training nodes

@@ -68,7 +68,7 @@ FAULTS = [
     ("config of the wrong type", ["train", "--config", f"{T}/five.json", "--no-progress"], "epochs"),
     ("config with an unknown setting", ["train", "--config", f"{T}/unknown.json", "--no-progress"], "unknown setting"),
     ("no store given", ["train", "--epochs", "1"], "STORE"),
-    ("store missing", ["train", f"{T}/none", "--epochs", "1", "--no-progress"], "none"),
+    ("store missing", ["train", f"{T}/none", "--epochs", "1", "--no-progress", "--out", f"{T}/r3"], "none"),
     ("store is a file", ["train", f"{T}/good.npz", "--epochs", "1", "--no-progress", "--out", f"{T}/r2"], "good.npz"),
     ("resume nothing", ["train", "--resume", f"{T}/none", "--no-progress"], "no run to resume"),
     ("out is a file", TRAIN[:-1] + [f"{T}/good.npz"], "good.npz"),
@@ -133,7 +133,10 @@ def test_each_fault_ends_in_one_line(setup, capsys, name, argv, words):
         return
     assert code == 2 and err.count("\n") == 0 and words in err, (code, err)
     if argv[0] == "train" and "--out" in argv and name != "out holds a run":     # no run came of it
-        assert not (Path(argv[len(argv) - 1 - argv[::-1].index("--out") + 1]) / "summary.json").exists()
+        out = Path(argv[len(argv) - argv[::-1].index("--out")])
+        assert not (out / "summary.json").exists()
+        if name in ("store missing", "store is a file"):
+            assert not out.exists(), "a bad store is refused before --out is made"
 
 
 if __name__ == "__main__":
