@@ -216,9 +216,6 @@ def _cmd_train(args):
 def _cmd_tune(args):
     from .config import TrainConfig
     from .tune import tune
-    if args.top < 1 or args.predict_steps < 0 or not 0 <= args.time_limit < float("inf"):
-        raise UserError(f"tune needs --top >= 1, --predict-steps >= 0 and a finite --time-limit >= 0; got "
-                        f"{args.top}, {args.predict_steps} and {args.time_limit}")
     settings = _settings_from(args)
     cfg = TrainConfig.create(**settings)
     out = args.out or str(Path("runs") / f"tune-{Path(cfg.store).name}-{cfg.memory_budget}")

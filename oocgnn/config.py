@@ -21,8 +21,8 @@ from .units import parse_size
 
 
 EVAL_MODES = ("layerwise", "batch")   # --eval-mode (oocgnn.evaluation)
-PRECISIONS = ("fp32", "bf16")
-MAX_HIDDEN = 1 << 16          # --hidden: wider layers are refused before torch tries to allocate them     # --precision: float32, or bfloat16 autocast (oocgnn.device)
+PRECISIONS = ("fp32", "bf16")     # --precision: float32, or bfloat16 autocast (oocgnn.device)
+MAX_HIDDEN = 1 << 16              # --hidden: wider layers are refused before torch tries to allocate them
 
 
 def parse_fanouts(text) -> tuple:

@@ -30,10 +30,11 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
 from .device import resolve_device
 from .distributed import owner_bounds
-from .errors import UserError
+from .errors import UserError, first_line
 from .loop import Ranks
 from .rankplans import RANK_POLICIES
 
@@ -58,7 +59,6 @@ def exchanges(cfg) -> bool:
 def joined(cfg):
     """This process's rank of a torchrun job (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set), as
     `TorchRanks`; a failed collective (a dead rank, a timeout) ends it with a clear error."""
-    import torch.distributed as dist
     if not all(v in os.environ for v in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")):
         raise UserError("--distributed runs under torchrun, e.g. torchrun --nproc-per-node 2 -m oocgnn train "
                         "STORE --distributed (RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT are not set)")
@@ -70,18 +70,16 @@ def joined(cfg):
     try:
         dist.init_process_group("gloo", timeout=timeout, rank=rank, world_size=world)
     except (RuntimeError, ValueError, dist.DistError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise UserError(f"rank {rank} of {world}: the ranks did not meet at {os.environ['MASTER_ADDR']}:"
                         f"{os.environ['MASTER_PORT']} within --dist-timeout {cfg.dist_timeout:g} s (are the other "
-                        f"ranks started, with the same MASTER_ADDR and MASTER_PORT?) ({first[:200]})") from None
+                        f"ranks started, with the same MASTER_ADDR and MASTER_PORT?) ({first_line(e)[:200]})") from None
     try:
         yield TorchRanks(rank, world, device, gradient_group(device, world, timeout))
     except UserError:
         raise
     except (RuntimeError, dist.DistError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise UserError(f"rank {rank} of {world}: a collective failed: another rank died or did not answer "
-                        f"within --dist-timeout {cfg.dist_timeout:g} s ({first[:300]})") from None
+                        f"within --dist-timeout {cfg.dist_timeout:g} s ({first_line(e)[:300]})") from None
     dist.destroy_process_group()
 
 
@@ -138,7 +136,6 @@ class TorchRanks(Ranks):
         return _owned(ids, self.bounds, self.rank)
 
     def average_gradients(self, model):
-        import torch.distributed as dist
         params = [p for p in model.parameters() if p.requires_grad]
         flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
         dist.all_reduce(flat, group=self.grads)
@@ -149,28 +146,23 @@ class TorchRanks(Ranks):
             at += p.numel()
 
     def _reduce(self, values, op):
-        import torch.distributed as dist
         t = torch.tensor([float(v) for v in values], dtype=torch.float64)
         dist.all_reduce(t, op=op)
         return t.tolist()
 
     def sum(self, values):
-        import torch.distributed as dist
         return self._reduce(values, dist.ReduceOp.SUM)
 
     def max(self, values):
-        import torch.distributed as dist
         return self._reduce(values, dist.ReduceOp.MAX)
 
     def gather(self, obj):
-        import torch.distributed as dist
         every = [None] * self.world
         dist.all_gather_object(every, obj)
         return every
 
     @contextlib.contextmanager
     def one_at_a_time(self):
-        import torch.distributed as dist
         if self.rank:
             dist.barrier()
         yield
@@ -179,7 +171,6 @@ class TorchRanks(Ranks):
 
     def share(self, obj):
         """Rank 0's `obj` on every rank."""
-        import torch.distributed as dist
         box = [obj]
         dist.broadcast_object_list(box, src=0)
         return box[0]
@@ -218,7 +209,6 @@ def rank_device(name) -> torch.device:
 def gradient_group(device, world, timeout):
     """The process group gradients are all-reduced over: None (the default gloo group) on the CPU or when two
     ranks share a GPU, else a new nccl group. Every rank calls it (it gathers every rank's GPU)."""
-    import torch.distributed as dist
     if device.type != "cuda":
         return None
     props = torch.cuda.get_device_properties(device)

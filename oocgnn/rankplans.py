@@ -25,6 +25,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
 from .device import HostToDevice
 from .distributed import (TRAFFIC, Exchange, RankFeatures, batch_key, fetch_macrobatch, rank_batches,
@@ -357,7 +358,6 @@ class ExchangeEvaluation:
     def __init__(self, cfg, plan, runtime, store, sets, labels, device):
         self.cfg, self.runtime, self.labels, self.sets = cfg, runtime, labels, sets
         self.sampler = Sampler(runtime.lists, [int(f) for f in cfg.eval_fanouts.split(",")], cfg.seed + 7)
-        import torch.distributed as dist  # (torch's distributed package: only where ranks run)
         most = torch.tensor([steps_per_epoch(len(ids), cfg.eval_batch_size) for ids in sets.values()])
         dist.all_reduce(most, op=dist.ReduceOp.MAX)   # every rank's count of batches: the most
         self.batches = dict(zip(sets, most.tolist()))

@@ -17,7 +17,7 @@ from pathlib import Path
 import pandas as pd
 
 from .config import POLICY_OPTIONS, SETTINGS, TrainConfig
-from .errors import UserError
+from .errors import UserError, first_line
 
 RUN_FILES = ("config.json", "log.csv", "steps.csv", "summary.json", "checkpoint.pt")
 LOG_COLUMNS = ["wall_s", "epoch", "step", "train_loss", "val_acc", "test_acc",
@@ -85,8 +85,7 @@ class RunDir:
         try:
             _atomic(self.path / "checkpoint.pt", lambda p: torch.save({**state, "run_id": self.run_id}, p))
         except RuntimeError as e:                  # torch's writer reports a full disk as a RuntimeError
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise UserError(f"cannot write {self.path / 'checkpoint.pt'} ({first[:200]}): is the disk full? "
+            raise UserError(f"cannot write {self.path / 'checkpoint.pt'} ({first_line(e)[:200]}): is the disk full? "
                             "The last checkpoint written is kept") from None
 
     def load_checkpoint(self) -> dict:

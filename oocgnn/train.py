@@ -77,9 +77,9 @@ def _train(cfg, run, ranks, t_enter) -> dict:
         device = ranks.device
     else:
         device = resolve_device(cfg.device)        # before any work: a missing GPU is one line
-    if ranks.distributed and cfg.resume and read_json(run.path / "config.json").get("world") != world:
-        raise UserError(f"{run.path} is a run of {read_json(run.path / 'config.json').get('world')} ranks; "
-                        f"resume it with as many, not {world}")
+    saved_world = read_json(run.path / "config.json").get("world") if ranks.distributed and cfg.resume else world
+    if saved_world != world:
+        raise UserError(f"{run.path} is a run of {saved_world} ranks; resume it with as many, not {world}")
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     if own_rows:

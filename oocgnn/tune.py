@@ -146,8 +146,10 @@ def tune(cfg, out, top=3, time_limit=0.0, predict_steps=None, policies=None, cac
     disk's rates now instead of taking the cached ones (a virtual disk's random rate follows its host's cache)."""
     if top < 1:
         raise UserError(f"--top must be >= 1, got {top}")
-    if time_limit < 0:
-        raise UserError(f"--time-limit must be >= 0 seconds (0: no limit), got {time_limit}")
+    if not 0 <= time_limit < float("inf"):
+        raise UserError(f"--time-limit must be a finite number of seconds >= 0 (0: no limit), got {time_limit}")
+    if predict_steps is not None and predict_steps < 0:
+        raise UserError(f"--predict-steps must be >= 0 (0: a whole epoch), got {predict_steps}")
     out = Path(out)
     others = sorted(p.name for p in out.iterdir() if p.name not in TUNE_FILES) if out.is_dir() else []
     if others:                                     # an interrupted tune left only its own: taken again

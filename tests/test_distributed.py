@@ -284,9 +284,10 @@ def _cli_worker(rank, world, port, argv, crash_at, result):
         f.write(str(code))
 
 
-def _spawn(argv, tmp_path, name, crash_at=0, world=2):
+def _spawn(argv, tmp_path, name, crash_at=0, world=2, worker=_cli_worker):
+    """Run `worker` (rank, world, port, argv, crash_at, result) on `world` spawned ranks; their exit codes."""
     import torch.multiprocessing as mp
-    ctx = mp.start_processes(_cli_worker, args=(world, _free_port(), argv, crash_at, str(tmp_path / name)),
+    ctx = mp.start_processes(worker, args=(world, _free_port(), argv, crash_at, str(tmp_path / name)),
                              nprocs=world, join=False, start_method="spawn")
     deadline = time.time() + 300
     while not ctx.join(timeout=5):

@@ -15,6 +15,7 @@ from oocgnn.distributed import owner_bounds
 from oocgnn.policies import POLICIES, make_plan
 from oocgnn.train import train
 
+from .test_distributed import _spawn
 from .test_executor import RUNS, _assert_agree, _simulated
 
 # each policy at the executor test's settings, its topology on disk where it has such a variant (the
@@ -74,7 +75,7 @@ def test_every_policy_trains_per_rank_as_in_one_process_and_reads_what_the_simul
     assert abs(acc[0] - acc[1]) <= 0.03, acc
 
 
-def _worker(rank, world, port, argv, crash_at, result):
+def _worker(rank, world, port, argv, crash_at, result):  # for test_distributed._spawn
     """One rank running `oocgnn` argv; with crash_at, interrupted at the run's crash_at-th step."""
     from oocgnn import cli, disttrain
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
@@ -93,30 +94,18 @@ def _worker(rank, world, port, argv, crash_at, result):
         f.write(str(code))
 
 
-def _spawn(argv, tmp_path, name, crash_at=0, world=2):
-    import time
-    import torch.multiprocessing as mp
-    from .test_distributed import _free_port
-    ctx = mp.start_processes(_worker, args=(world, _free_port(), argv, crash_at, str(tmp_path / name)),
-                             nprocs=world, join=False, start_method="spawn")
-    deadline = time.time() + 300
-    while not ctx.join(timeout=5):
-        assert time.time() < deadline, f"{name}: the ranks did not finish in time"
-    return [int((tmp_path / f"{name}.{r}").read_text()) for r in range(world)]
-
-
 def test_a_killed_run_of_every_rank_resumes_to_the_same_log(fennel16, tmp_path):
     """OUTRE per rank (histories, a cache, partition micro-batches: state a checkpoint must keep for
     each rank) killed mid-epoch resumes to the log and I/O of the run that was not killed."""
     common = ["train", str(fennel16.path), "--distributed", "--rank-data", "shared", "--policy", "outre",
               "--no-progress", "--checkpoint-every", "5", "--threads", "1",   # equal logs need one thread
               *_flags({**COMMON, **SETTINGS["outre"], "epochs": 3, "max_eval_nodes": 200})]
-    assert _spawn(common + ["--out", str(tmp_path / "whole")], tmp_path, "whole") == [0, 0]
+    assert _spawn(common + ["--out", str(tmp_path / "whole")], tmp_path, "whole", worker=_worker) == [0, 0]
     killed = tmp_path / "killed"
-    assert _spawn(common + ["--out", str(killed)], tmp_path, "killed", crash_at=12) == [130, 130]
+    assert _spawn(common + ["--out", str(killed)], tmp_path, "killed", crash_at=12, worker=_worker) == [130, 130]
     assert (killed / "checkpoint.pt").exists() and not (killed / "summary.json").exists()
     assert _spawn(["train", str(fennel16.path), "--distributed", "--resume", str(killed), "--no-progress"],
-                  tmp_path, "resumed") == [0, 0]
+                  tmp_path, "resumed", worker=_worker) == [0, 0]
     a, b = (pd.read_csv(d / "log.csv") for d in (tmp_path / "whole", killed))
     cols = ["epoch", "step", "train_loss", "val_acc", "test_acc", "bytes_read", "requests"]
     pd.testing.assert_frame_equal(a[cols], b[cols], rtol=1e-6)
