@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 OOCGNN := $(VENV)/bin/oocgnn
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-all test-slow venv notebooks clean-runs help data-small browser lab xlarge
+.PHONY: run test test-all test-slow venv notebooks clean-runs help data-small browser lab xlarge gpu-check
 
 help:
 	@echo "make run      - prepare small (METIS, 256 parts), train in memory and every out-of-core policy at one"
@@ -26,6 +26,9 @@ help:
 	@echo "                of RAM; ~7 min, 29 GiB of disk + ~5 GB temporary) and train every policy on it under"
 	@echo "                a 4GB budget (benchmarks/train.py; ~1 h on 2 cores), executed reads checked against the"
 	@echo "                simulation; table in data/bench/train-xlarge.csv. Never run by make test or CI"
+	@echo "make gpu-check - on a GPU machine: the CUDA tests, then every main policy trained on the GPU on medium"
+	@echo "                (stages, copy/compute overlap, reads vs the disk), ~5 min; output in OUT (default"
+	@echo "                data/gpu-check). Uses .venv when there is one, else python3 (PYTHON=...); installs nothing"
 
 venv: $(STAMP)
 
@@ -50,6 +53,10 @@ XLARGE_POLICIES := inmemory,mmap,hierbatching,outre,ginex,macrobatch,marius,comp
 xlarge: $(STAMP)
 	$(PY) benchmarks/train.py --preset xlarge --parts 4096 --budget 4GB --steps 40 --limit mmap \
 	  --policies $(XLARGE_POLICIES) --check-simulated --csv data/bench/train-xlarge.csv
+
+# on a GPU machine (issue 40): needs no venv (a GPU box has its own torch); never run by make test or CI
+gpu-check:
+	bash benchmarks/gpu_check.sh $(OUT)
 
 # (re)made when missing, damaged or written by an older store format; the notebooks reuse it
 data-small: | $(STAMP)

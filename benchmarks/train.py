@@ -107,6 +107,9 @@ def worker(args):
            "epoch_steps": summary["epoch_steps"], "limit_steps": args.limit_steps,
            "setup_s": t_imports + summary["setup_s"], "peak_rss": summary["peak_rss"],
            "wall_s": time.perf_counter() - t_start}
+    if summary["device"].startswith("cuda"):
+        import torch
+        out["gpu"] = torch.cuda.get_device_name(torch.device(summary["device"]))
     if args.check_simulated:                      # the same plan simulated for the steps that ran
         from oocgnn.policies import make_plan
         from oocgnn.simulate import executed_vs_simulated, simulate
@@ -305,7 +308,18 @@ def derive(res, limits):
         "wall": res["wall"], "load": res["load"], "rule": s.get("hierbatching_rule"),
         "resident": s.get("resident_bytes"), "memory": s.get("memory"), "val": s.get("final_val_acc"),
         "topology": s.get("topology"), "topology_io": s.get("topology_io"),
+        "device": s.get("device"), "gpu": res.get("gpu"), "h2d": s.get("h2d"),
     }
+
+
+FOREGROUND = ("load", "sample", "gather", "h2d", "compute")   # the step loop's stages (load: waiting for ranges)
+
+
+def bound_by(stage: dict) -> str:
+    """The foreground stage that took the most of the step loop's time (compute on a GPU includes the
+    host's wait for the GPU: its losses are read one step late)."""
+    spent = {k: stage.get(k, 0.0) for k in FOREGROUND}
+    return max(spent, key=spent.get)
 
 
 def sim_verdict(simulated):
@@ -531,10 +545,25 @@ def main(argv=None):
         for r in rows:
             print(f"  {r['config']:<16} " + "  ".join(f"{x:.1f}" for x in r["epoch_s_all"]))
 
-    print("\nstage seconds (load/sample/gather/h2d/compute in the step loop; bg_* = background loader thread):")
+    print("\nstage seconds (load = waiting for the plan's ranges, sample, gather, h2d, compute in the step loop; "
+          "bg_* = background\n  loader thread; bound by: the step loop's stage with the most seconds):")
     for r in rows:
         st = {k: v for k, v in r["stage"].items() if k != "eval"}
-        print(f"  {r['config']:<16} " + "  ".join(f"{k} {v:.1f}" for k, v in st.items()))
+        print(f"  {r['config']:<16} " + "  ".join(f"{k} {v:.1f}" for k, v in st.items())
+              + f"  -> bound by {bound_by(r['stage'])}")
+    gpu_rows = [r for r in rows if (r["device"] or "").startswith("cuda")]
+    if gpu_rows:
+        print(f"\non the GPU ({gpu_rows[0]['gpu']}): host-to-device copies timed with CUDA events on the copy stream; "
+              "waited = copy\n  seconds the compute stream sat idle for (not overlapped); overlap = 1 - waited / copy; "
+              "GPU compute = the\n  compute stream's seconds of work (forward, backward, optimizer); busy = GPU compute / "
+              "train seconds")
+        print(f"  {'config':<16}{'copied':>10}{'copy s':>8}{'waited s':>10}{'overlap':>9}{'GPU s':>8}{'busy':>7}")
+        for r in gpu_rows:
+            h = r["h2d"] or {}
+            ov = "-" if h.get("overlap") is None else f"{h['overlap']:.3f}"
+            print(f"  {r['config']:<16}{fmt_bytes(h.get('bytes')):>10}{h.get('copy_s') or 0:>8.2f}"
+                  f"{h.get('copy_waited_s') or 0:>10.3f}{ov:>9}{h.get('gpu_compute_s') or 0:>8.2f}"
+                  f"{(h.get('gpu_compute_s') or 0) / max(r['train_s'], 1e-9):>7.1%}")
     print("\ntopology reads in the measured steps (neighbour lists from indices.bin; memory topology: none):")
     for r in rows:
         t = r["topology_io"] or {}
@@ -610,9 +639,11 @@ def main(argv=None):
             frac = f"{r['vs_limit']:.2f}x the sequential limit"
         else:
             frac = f"{r['iops_io']:,.0f} pages/s = {r['vs_limit']:.2f}x the random 4K limit"
+        disk_s = r["bytes_epoch"] / MiB / limits_all["seq_mib_s"]
         print(f"  {r['config']:<16} {POLICIES[VARIANTS[r['config']][0]].io_pattern or '?'}: {r['mbs_io']:,.0f} MiB/s inside reads "
               f"({frac}); {r['mbs_train']:,.0f} MiB/s over train time; {fmt_bytes(r['bytes_epoch'])} an epoch "
-              f"= {r['bytes_epoch'] / feat_bytes:.1f}x the feature file")
+              f"= {r['bytes_epoch'] / feat_bytes:.1f}x the feature file; epoch {r['epoch_s']:.1f} s = "
+              f"{r['epoch_s'] / disk_s:.2f}x its reads at the sequential limit ({disk_s:.1f} s)")
     print(f"\nloadavg at end: {loadavg()}; benchmark wall time {time.perf_counter() - t_all:.0f} s")
     print(f"table: {table.path}" + (f" ({len(table.failed())} of {len(names)} configurations failed)"
                                     if table.failed() else ""))

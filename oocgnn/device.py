@@ -8,6 +8,11 @@ with `non_blocking` on a side stream, which the compute stream waits for only wh
 rows; the CPU meanwhile samples and gathers the next batch while the GPU still runs the previous
 step (Ginex and MariusGNN pipeline the same way). `LossMeter` reads each step's loss one step
 late, so that checking it does not synchronise the two. On the CPU both are pass-throughs.
+
+Whether the copies overlap compute is measured, not assumed: CUDA events time each copy on the side
+stream, the moment the compute stream is ready for it and the end of the step's compute
+(`HostToDevice.step_done`); `HostToDevice.timing()` sums the copies' seconds, the part of them the
+compute stream waited for, and the GPU's compute seconds.
 """
 from __future__ import annotations
 
@@ -65,11 +70,15 @@ class HostToDevice:
         self.device = torch.device(device)
         self.on_gpu = self.device.type == "cuda"
         self.bytes = 0                                  # copied host -> device
+        self.copy_s = self.copy_waited_s = self.compute_s = 0.0
+        self.steps_timed = 0
         if self.on_gpu:
             self.stream = torch.cuda.Stream(self.device)
             self._pinned = [None] * slots               # pinned host buffers, used in turn
             self._done = [None] * slots                 # the event after each buffer's last copy
             self._turn = 0
+            self._copy = None                           # the last copy's (start, done, compute ready) events
+            self._unread = []                           # (start, done, ready, step end) not yet read
 
     @property
     def pinned_bytes(self) -> int:
@@ -95,17 +104,55 @@ class HostToDevice:
         if not self.on_gpu:
             return list(tensors)
         compute = torch.cuda.current_stream(self.device)
+        start, done, ready = (torch.cuda.Event(enable_timing=True) for _ in range(3))
         with torch.cuda.stream(self.stream):
+            start.record(self.stream)
             moved = [t.to(self.device, non_blocking=True) for t in tensors]
             graphs = [BlockTensors.of(b, self.device, non_blocking=True) for b in blocks]
-            done = self.stream.record_event()
+            done.record(self.stream)
         self._done[self._turn] = done
         self._turn = (self._turn + 1) % len(self._pinned)
+        ready.record(compute)                           # the compute stream has done all before this step
         compute.wait_event(done)
+        self._copy = (start, done, ready)
         for t in moved + [a for g in graphs for a in (g.indptr, g.indices)]:
             t.record_stream(compute)                    # allocated on the side stream, used on compute
             self.bytes += t.nbytes
         return moved
+
+    def step_done(self):
+        """After a training step's compute is queued: ends the timing of its copy (no-op on the CPU)."""
+        if not self.on_gpu or self._copy is None:
+            return
+        end = torch.cuda.Event(enable_timing=True)
+        end.record(torch.cuda.current_stream(self.device))
+        self._unread.append((*self._copy, end))
+        self._copy = None
+        self._read(wait=False)
+
+    def _read(self, wait: bool):
+        """Sums the timings of the finished steps (all of them, waiting, when `wait`)."""
+        while self._unread and (wait or self._unread[0][3].query()):
+            start, done, ready, end = self._unread.pop(0)
+            end.synchronize()
+            copy = start.elapsed_time(done) / 1e3
+            waited = min(copy, max(0.0, ready.elapsed_time(done) / 1e3))   # compute stream idle on the copy
+            self.copy_s += copy
+            self.copy_waited_s += waited
+            self.compute_s += max(0.0, (ready.elapsed_time(end) / 1e3) - waited)
+            self.steps_timed += 1
+
+    def timing(self) -> dict:
+        """The run's copies measured on the GPU: seconds copying, seconds of them the compute stream waited
+        for (not overlapped), the overlapped fraction, and the compute stream's seconds of work
+        (all None on the CPU)."""
+        if not self.on_gpu:
+            return {"copy_s": None, "copy_waited_s": None, "overlap": None, "gpu_compute_s": None,
+                    "steps_timed": 0}
+        self._read(wait=True)
+        return {"copy_s": round(self.copy_s, 4), "copy_waited_s": round(self.copy_waited_s, 4),
+                "overlap": round(1 - self.copy_waited_s / self.copy_s, 4) if self.copy_s else None,
+                "gpu_compute_s": round(self.compute_s, 4), "steps_timed": self.steps_timed}
 
 
 class LossMeter:

@@ -335,6 +335,7 @@ def run_loop(cfg, run, store, plan, runtime, t_enter, device, mix, ranks=None, f
                     ranks.average_gradients(model)
                     opt.step()
                     add_losses(losses.push(i, epoch, loss))   # a GPU waits here for the previous step
+                    runtime.h2d.step_done()
                 del x, y, ctx, sample
             step_s = time.perf_counter() - t0
             st["train_s"] += step_s
@@ -395,7 +396,7 @@ def run_loop(cfg, run, store, plan, runtime, t_enter, device, mix, ranks=None, f
         "history_hits": runtime.history_hits, "mixing": mix,
         **evaluator.describe(),
         "device": str(device), "precision": cfg.precision,
-        "h2d": {"bytes": runtime.h2d.bytes, "pinned_bytes": runtime.h2d.pinned_bytes},
+        "h2d": {"bytes": runtime.h2d.bytes, "pinned_bytes": runtime.h2d.pinned_bytes, **runtime.h2d.timing()},
     }
     summary.update(plan.describe())              # the policy's own knobs (HierBatching's rule, a buffer, a split, ...)
     if ranks.distributed:

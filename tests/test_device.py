@@ -43,6 +43,8 @@ def test_cpu_stage_passes_batches_through():
     h2d, x = HostToDevice("cpu"), torch.randn(5, 3)
     assert h2d.buffer(5, 3) is None
     assert h2d([x], [])[0] is x and h2d.bytes == 0
+    h2d.step_done()
+    assert h2d.timing()["overlap"] is None and h2d.timing()["steps_timed"] == 0
     meter = LossMeter("cpu")
     assert meter.push(3, 0, torch.tensor(1.5)) == [(3, 0, 1.5)] and meter.flush() == []
 
@@ -64,9 +66,25 @@ def test_cuda_run_matches_the_cpu_run(fennel16, tmp_path, policy):
             store=str(fennel16.path), policy=policy, epochs=2, dropout=0.0, device=device, memory_budget="4MB",
             progress=False, out=str(tmp_path / device)))
     a, b = runs["cpu"]["log"], runs["cuda"]["log"]
-    assert runs["cuda"]["h2d"]["bytes"] > 0 and runs["cuda"]["h2d"]["pinned_bytes"] > 0
+    h2d = runs["cuda"]["h2d"]
+    assert h2d["bytes"] > 0 and h2d["pinned_bytes"] > 0
+    assert h2d["steps_timed"] == runs["cuda"]["steps"] and h2d["copy_s"] > 0 and h2d["gpu_compute_s"] > 0
+    assert 0 <= h2d["copy_waited_s"] <= h2d["copy_s"] and 0 <= h2d["overlap"] <= 1
     np.testing.assert_allclose(a["train_loss"].iloc[1:], b["train_loss"].iloc[1:], rtol=1e-3)
     assert abs(a["val_acc"].iloc[-1] - b["val_acc"].iloc[-1]) <= 0.01
+
+
+@cuda
+@pytest.mark.parametrize("model", ["sage", "gat", "gin"])
+def test_cuda_first_steps_match_the_cpu(tiny_store, tmp_path, model):
+    """Three steps of each model on `tiny`: the GPU's losses (its torch ops) equal the CPU's (numba kernels)."""
+    losses = {}
+    for device in ("cpu", "cuda"):
+        s = train(TrainConfig.create(store=str(tiny_store.path), model=model, max_steps=3, eval_every=1,
+                                     dropout=0.0, device=device, progress=False, out=str(tmp_path / device)))
+        losses[device] = s["log"]["train_loss"].iloc[1:].to_numpy()
+    assert len(losses["cpu"]) == 3 and np.isfinite(losses["cpu"]).all()
+    np.testing.assert_allclose(losses["cuda"], losses["cpu"], rtol=1e-4, atol=1e-5)
 
 
 @cuda
