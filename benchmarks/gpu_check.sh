@@ -13,7 +13,8 @@
 #   benchmarks/gpu_check.sh [FOLDER]            (make gpu-check [OUT=FOLDER])
 #   environment: PYTHON (default .venv/bin/python where it exists, else python3), PRESET (medium),
 #                PARTS (1024), BUDGET (128MB: medium's features are 4x that),
-#                POLICIES (inmemory,hierbatching,outre,ginex,marius), DEVICE (cuda)
+#                POLICIES (inmemory,hierbatching,outre,ginex,marius), SUPERBATCH (4: Ginex's S that fits
+#                medium at 128MB; 16 needs 199 MiB), DEVICE (cuda)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-${OUT:-data/gpu-check}}
@@ -21,6 +22,7 @@ if [[ -x .venv/bin/python ]]; then default_python=.venv/bin/python; else default
 py=${PYTHON:-$default_python}
 preset=${PRESET:-medium} parts=${PARTS:-1024} budget=${BUDGET:-128MB}
 policies=${POLICIES:-inmemory,hierbatching,outre,ginex,marius} device=${DEVICE:-cuda}
+superbatch=${SUPERBATCH:-4}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 
 # what the check needs, before anything runs: one line and exit 2 when something is missing
@@ -60,7 +62,7 @@ tests_rc=$?
 
 step "benchmarks/train.py --device $device --preset $preset --budget $budget"
 "$py" benchmarks/train.py --device "$device" --preset "$preset" --parts "$parts" --budget "$budget" \
-  --policies "$policies" --limit none --csv "$out/train.csv"
+  --policies "$policies" --superbatch "$superbatch" --limit none --csv "$out/train.csv"
 bench_rc=$?
 cp data/bench/train-results.json "$out/" 2>/dev/null
 
