@@ -13,7 +13,7 @@
 #   benchmarks/gpu_check.sh [FOLDER]            (make gpu-check [OUT=FOLDER])
 #   environment: PYTHON (default .venv/bin/python where it exists, else python3), PRESET (medium),
 #                PARTS (1024), BUDGET (128MB: medium's features are 4x that),
-#                POLICIES (inmemory,hierbatching,outre,ginex,marius), SUPERBATCH (4: Ginex's S that fits
+#                POLICIES (inmemory,hierbatching,hierbatching-p1,outre,ginex,marius), SUPERBATCH (4: Ginex's S that fits
 #                medium at 128MB; 16 needs 199 MiB), DEVICE (cuda)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -21,7 +21,7 @@ out=${1:-${OUT:-data/gpu-check}}
 if [[ -x .venv/bin/python ]]; then default_python=.venv/bin/python; else default_python=python3; fi
 py=${PYTHON:-$default_python}
 preset=${PRESET:-medium} parts=${PARTS:-1024} budget=${BUDGET:-128MB}
-policies=${POLICIES:-inmemory,hierbatching,outre,ginex,marius} device=${DEVICE:-cuda}
+policies=${POLICIES:-inmemory,hierbatching,hierbatching-p1,outre,ginex,marius} device=${DEVICE:-cuda}
 superbatch=${SUPERBATCH:-4}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 

@@ -309,6 +309,7 @@ def derive(res, limits):
         "resident": s.get("resident_bytes"), "memory": s.get("memory"), "val": s.get("final_val_acc"),
         "topology": s.get("topology"), "topology_io": s.get("topology_io"),
         "device": s.get("device"), "gpu": res.get("gpu"), "h2d": s.get("h2d"),
+        "cuda_host": s.get("cuda_host_memory") or 0,
     }
 
 
@@ -576,9 +577,11 @@ def main(argv=None):
           "out-of-core configurations):")
     for r in rows:
         mem = ", ".join(f"{k} {fmt_bytes(v)}" for k, v in (r["memory"] or {}).items())
+        cuda = r["cuda_host"]                     # CUDA's context and libraries: carried by any GPU run
         bound = "" if r["config"] in ("inmemory", "mmap") else \
-            f"; peak RSS {fmt_bytes(r['peak_rss'])} = budget + {fmt_bytes(r['peak_rss'] - budget)} " \
-            f"({'ok' if r['peak_rss'] <= budget + overhead else 'OVER'})"
+            f"; peak RSS {fmt_bytes(r['peak_rss'])} = budget + {fmt_bytes(r['peak_rss'] - budget)} " + \
+            (f"(of it CUDA's own host memory {fmt_bytes(cuda)}, measured at start; budget + overhead + it: "
+             if cuda else "(") + f"{'ok' if r['peak_rss'] <= budget + overhead + cuda else 'OVER'})"
         line = f"  {r['config']:<16} resident (budgeted) {fmt_bytes(r['resident'])} ({r['topology']} topology); " \
                f"{mem}{bound}"
         if r["cap"].get("enforced"):

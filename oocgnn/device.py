@@ -17,12 +17,14 @@ compute stream waited for, and the GPU's compute seconds.
 from __future__ import annotations
 
 import contextlib
+import warnings
 
 import torch
 
 from .aggregate import BlockTensors
 from .config import PRECISIONS
 from .errors import UserError
+from .units import current_rss
 
 DEVICES = "auto | cpu | cuda | cuda:N"
 
@@ -46,6 +48,33 @@ def resolve_device(name: str) -> torch.device:
         if device.index is not None and device.index >= torch.cuda.device_count():
             raise UserError(f"--device {name}: only {torch.cuda.device_count()} CUDA device(s) here")
     return device
+
+
+def cuda_host_memory(device: torch.device) -> int:
+    """Bytes of host memory (RSS) that CUDA itself takes in this process: its context and the libraries a
+    training step loads (cuBLAS, cuSPARSE, autograd on the device), measured by using them once on a tiny
+    problem; 0 on the CPU. Every GPU run carries it whatever its policy, like the interpreter: it is reported
+    beside the peak RSS, not charged to the memory budget. Measured at a process's first call (make it
+    before anything else touches the GPU), the same number after."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return 0
+    if _CUDA_HOST:
+        return _CUDA_HOST[0]
+    before = current_rss()
+    with warnings.catch_warnings():                     # torch's "sparse CSR is in beta"
+        warnings.simplefilter("ignore")
+        w = torch.ones(8, 8, device=device, requires_grad=True)
+        a = torch.sparse_csr_tensor(torch.tensor([0, 1, 2]), torch.tensor([0, 1]), torch.ones(2), (2, 8)).to(device)
+        x = torch.ones(8, 8, device=device).index_add_(0, torch.tensor([0], device=device),
+                                                      torch.ones(1, 8, device=device))
+        (a @ (x @ w)).sum().backward()
+        torch.cuda.synchronize(device)
+    _CUDA_HOST.append(max(0, current_rss() - before))
+    return _CUDA_HOST[0]
+
+
+_CUDA_HOST = []                                         # the process's measurement
 
 
 def autocast(device: torch.device, precision: str):

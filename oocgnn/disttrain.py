@@ -32,7 +32,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from .device import resolve_device
+from .device import cuda_host_memory, resolve_device
 from .distributed import owner_bounds
 from .errors import UserError, first_line
 from .loop import Ranks
@@ -64,6 +64,7 @@ def joined(cfg):
                         "STORE --distributed (RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT are not set)")
     rank, world = _environment()
     device = rank_device(cfg.device)
+    cuda_host_memory(device)                       # measured before anything else uses the GPU
     timeout = timedelta(seconds=cfg.dist_timeout)
     if rank:                                       # torch's client would print its retries as C++ errors
         _wait_for_master(rank, world, cfg.dist_timeout)

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from .device import LossMeter, autocast
+from .device import LossMeter, autocast, cuda_host_memory
 from .errors import UserError
 from .evaluation import LayerwiseEval
 from .io import IOStats
@@ -200,6 +200,7 @@ def run_loop(cfg, run, store, plan, runtime, t_enter, device, mix, ranks=None, f
                      "device": str(device), "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
                      "loadavg": open("/proc/loadavg").read().split()[:3]}, **(facts or {})})
 
+    cuda_memory = cuda_host_memory(device)         # CUDA's own host memory (measured at the process's start)
     labels = runtime.labels()                      # indexed by store id
     model = build_model(cfg.model, store.feat_dim, cfg.hidden, store.num_classes, cfg.layers, cfg.dropout)
     model.to(device)                               # initialised on the CPU: the same weights on any device
@@ -393,6 +394,7 @@ def run_loop(cfg, run, store, plan, runtime, t_enter, device, mix, ranks=None, f
         "io_excluded": (excluded - setup_io).as_dict(),
         "memory": plan.memory(), "resident_bytes": plan.resident_bytes(),
         "memory_budget": cfg.memory_budget_bytes, "memory_cap": cap_record, "peak_rss": peak_rss(),
+        "cuda_host_memory": cuda_memory,
         "history_hits": runtime.history_hits, "mixing": mix,
         **evaluator.describe(),
         "device": str(device), "precision": cfg.precision,

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from .config import TrainConfig
-from .device import resolve_device
+from .device import cuda_host_memory, resolve_device
 from .disttrain import exchanges, joined, rank_config
 from .errors import UserError
 from .loop import Ranks, run_loop, seed_everything
@@ -77,6 +77,7 @@ def _train(cfg, run, ranks, t_enter) -> dict:
         device = ranks.device
     else:
         device = resolve_device(cfg.device)        # before any work: a missing GPU is one line
+        cuda_host_memory(device)                   # measured before anything else uses the GPU
     saved_world = read_json(run.path / "config.json").get("world") if ranks.distributed and cfg.resume else world
     if saved_world != world:
         raise UserError(f"{run.path} is a run of {saved_world} ranks; resume it with as many, not {world}")

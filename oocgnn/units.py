@@ -44,6 +44,11 @@ def _proc_kib(path, key):
     return None
 
 
+def current_rss() -> int:
+    """Resident set size of this process now, in bytes (0 where /proc has none)."""
+    return _proc_kib("/proc/self/status", "VmRSS") or 0
+
+
 def peak_rss() -> int:
     """Peak resident set size of this process in bytes: VmHWM, else ru_maxrss.
 

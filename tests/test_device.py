@@ -53,7 +53,7 @@ def test_cpu_run_records_device_and_precision(tiny_store, tmp_path):
     s = train(TrainConfig.create(store=str(tiny_store.path), epochs=1, device="cpu", precision="bf16",
                                  progress=False, out=str(tmp_path / "run")))
     assert s["device"] == "cpu" and s["precision"] == "bf16" and "h2d" in s["stage_s"]
-    assert s["h2d"]["bytes"] == 0 and np.isfinite(s["log"]["train_loss"].iloc[-1])
+    assert s["h2d"]["bytes"] == 0 and s["cuda_host_memory"] == 0 and np.isfinite(s["log"]["train_loss"].iloc[-1])
 
 
 @cuda
@@ -68,6 +68,7 @@ def test_cuda_run_matches_the_cpu_run(fennel16, tmp_path, policy):
     a, b = runs["cpu"]["log"], runs["cuda"]["log"]
     h2d = runs["cuda"]["h2d"]
     assert h2d["bytes"] > 0 and h2d["pinned_bytes"] > 0
+    assert runs["cpu"]["cuda_host_memory"] == 0
     assert h2d["steps_timed"] == runs["cuda"]["steps"] and h2d["copy_s"] > 0 and h2d["gpu_compute_s"] > 0
     assert 0 <= h2d["copy_waited_s"] <= h2d["copy_s"] and 0 <= h2d["overlap"] <= 1
     np.testing.assert_allclose(a["train_loss"].iloc[1:], b["train_loss"].iloc[1:], rtol=1e-3)
