@@ -14,7 +14,8 @@
 #   environment: PYTHON (default .venv/bin/python where it exists, else python3), PRESET (medium),
 #                PARTS (1024), BUDGET (128MB: medium's features are 4x that),
 #                POLICIES (inmemory,hierbatching,hierbatching-p1,outre,ginex,marius), SUPERBATCH (4: Ginex's S that fits
-#                medium at 128MB; 16 needs 199 MiB), DEVICE (cuda)
+#                medium at 128MB; 16 needs 199 MiB), DATA (data: where the store is made or reused),
+#                DEVICE (cuda; cpu runs the same steps without a GPU, the CUDA tests skipped)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-${OUT:-data/gpu-check}}
@@ -22,7 +23,7 @@ if [[ -x .venv/bin/python ]]; then default_python=.venv/bin/python; else default
 py=${PYTHON:-$default_python}
 preset=${PRESET:-medium} parts=${PARTS:-1024} budget=${BUDGET:-128MB}
 policies=${POLICIES:-inmemory,hierbatching,hierbatching-p1,outre,ginex,marius} device=${DEVICE:-cuda}
-superbatch=${SUPERBATCH:-4}
+superbatch=${SUPERBATCH:-4} data=${DATA:-data}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 
 # what the check needs, before anything runs: one line and exit 2 when something is missing
@@ -62,9 +63,9 @@ tests_rc=$?
 
 step "benchmarks/train.py --device $device --preset $preset --budget $budget"
 "$py" benchmarks/train.py --device "$device" --preset "$preset" --parts "$parts" --budget "$budget" \
-  --policies "$policies" --superbatch "$superbatch" --limit none --csv "$out/train.csv"
+  --policies "$policies" --superbatch "$superbatch" --limit none --data "$data" --csv "$out/train.csv"
 bench_rc=$?
-cp data/bench/train-results.json "$out/" 2>/dev/null
+cp "$data/bench/train-results.json" "$out/" 2>/dev/null
 
 step "done: tests exit $tests_rc, benchmark exit $bench_rc; files in $out"
 ls -l "$out"

@@ -3,6 +3,7 @@ sizes (the numbers of such runs mean nothing; that they finish is the point), sa
 CSV; a configuration that does not fit is a row saying why, and the others still run and print."""
 import csv
 import importlib.util
+import os
 import re
 import subprocess
 import sys
@@ -185,3 +186,31 @@ def test_train_checks_executed_reads_against_the_simulation(tmp_path):
     assert [rows[p]["sim_exec"] for p in ("hierbatching", "ginex", "outre")] == ["="] * 3, out[-3000:]
     assert rows["mmap"]["sim_exec"] in ("=", "<=")
     assert "executed" not in out.split("sim: the run's reads")[1].split("\n\n")[0]    # no counter differs
+
+
+GPU_CHECK = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_check.sh"
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="a CUDA device is present")
+def test_gpu_check_without_a_gpu_is_one_line_and_exit_2(tmp_path):
+    r = subprocess.run(["bash", str(GPU_CHECK), str(tmp_path / "out")], capture_output=True, text=True,
+                       timeout=120, env={**os.environ, "PYTHON": sys.executable})
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.count("\n") == 1 and "sees no CUDA device" in r.stderr, r.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_gpu_check_runs_its_steps_on_the_cpu(tmp_path):
+    """DEVICE=cpu walks the same steps (the CUDA tests skip): one folder with the log, the machine,
+    the tests' report, the table and the results."""
+    env = {**os.environ, "PYTHON": sys.executable, "DEVICE": "cpu", "PRESET": "tiny", "PARTS": "16",
+           "BUDGET": "1MB", "POLICIES": "inmemory,hierbatching-p1", "DATA": str(tmp_path / "data")}
+    r = subprocess.run(["bash", str(GPU_CHECK), str(tmp_path / "out")], capture_output=True, text=True,
+                       timeout=900, env=env)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    out = tmp_path / "out"
+    assert sorted(p.name for p in out.iterdir()) == ["env.txt", "gpu-check.log", "pytest.xml", "train-results.json",
+                                                      "train.csv"]
+    assert set(_rows(out / "train.csv")) == {"inmemory", "hierbatching-p1"}
+    log = (out / "gpu-check.log").read_text()
+    assert "bound by" in log and "tests exit 0, benchmark exit 0" in log
