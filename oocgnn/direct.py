@@ -244,7 +244,11 @@ class DirectReader(FeatureReader):
         if not self.direct:  # keep the buffered fallback honest: nothing stays cached
             os.posix_fadvise(self._fd, 0, 0, os.POSIX_FADV_DONTNEED)
 
-    def _read_rows(self, ids):
+    def _read_rows_into(self, ids, out, where):
+        self._read_rows(ids, into=(out, where))
+
+    def _read_rows(self, ids, into=None):
+        """Rows `ids`, or with `into` = (out, where) written to out[where] straight from the buffer."""
         n = len(ids)
         if n == 0:
             self._count(0, 0, 0, 0)
@@ -278,15 +282,16 @@ class DirectReader(FeatureReader):
             view = np.lib.stride_tricks.as_strided(
                 np.frombuffer(self._buf, self.dtype, nbytes // isz),
                 ((nbytes - self.row_bytes) // slot + 1, self.dim), (slot, isz), writeable=False)
-            if i == 0 and j == nreq:           # one chunk: one gather in requested order
+            if into is None and i == 0 and j == nreq:   # one chunk: one gather in requested order
                 inv = np.empty(n, np.int64)
                 inv[order] = uid
                 out = view[(ubyte - base * PAGE)[inv] // slot]
-            else:                              # several: scatter each chunk's rows into place
+            else:                              # several (or into): scatter each chunk's rows into place
                 if out is None:
-                    out = np.empty((n, self.dim), self.dtype)
+                    out = np.empty((n, self.dim), self.dtype) if into is None else into[0]
                 a, b = ustart[rstart[i]], (ustart[rstart[j]] if j < nreq else n)
-                out[order[a:b]] = view[(ubyte[uid[a:b]] - base * PAGE) // slot]
+                dest = order[a:b] if into is None else into[1][order[a:b]]
+                out[dest] = view[(ubyte[uid[a:b]] - base * PAGE) // slot]
             i = j
         self._done_call()
         return out

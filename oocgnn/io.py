@@ -138,6 +138,15 @@ class FeatureReader:
         ids = self._check_ids(ids)
         return self._timed(self._read_rows, ids)
 
+    def read_rows_into(self, ids, out: np.ndarray, where: np.ndarray) -> None:
+        """`out[where] = read_rows(ids)`, the same reads, without the [len(ids), dim] array in between where
+        the reader can place the rows itself (`DirectReader`: from its buffer, a piece at a time)."""
+        ids = self._check_ids(ids)
+        self._timed(self._read_rows_into, ids, out, np.asarray(where))
+
+    def _read_rows_into(self, ids, out, where):
+        out[where] = self._read_rows(ids)
+
     def read_range(self, lo: int, hi: int) -> np.ndarray:
         """Rows lo..hi-1 as a fresh C-contiguous [hi-lo, dim] array (one sequential read)."""
         lo, hi = int(lo), int(hi)

@@ -16,6 +16,7 @@ from .errors import UserError
 from .io import MAX_REQUEST, page_span, request_breaks
 
 READ_CHUNK = 64 << 20          # rows in flight when a cache is made (`CachedReader.make`)
+GATHER_PIECE = 8 << 20         # bytes of resident rows copied at a time into a batch (`ResidentRows.gather`)
 
 
 class CachedReader:
@@ -94,9 +95,16 @@ class CachedReader:
         reader = self.reader if reader is None else reader
         if out is None:
             out = torch.empty((len(ids), self.dim), dtype=torch.float32)
-        if hit.any():
-            out[torch.from_numpy(hit)] = self.rows[torch.from_numpy(slots[hit].astype(np.int64))]
-        out[torch.from_numpy(~hit)] = torch.from_numpy(reader.read_rows(ids[~hit]))
+        hits = np.flatnonzero(hit)                 # copied a piece at a time: no [hits, D] temporary
+        piece = max(1, GATHER_PIECE // (4 * self.dim))
+        for lo in range(0, len(hits), piece):
+            at = hits[lo:lo + piece]
+            out[torch.from_numpy(at)] = self.rows[torch.from_numpy(slots[at].astype(np.int64))]
+        misses = np.flatnonzero(~hit)
+        if hasattr(reader, "read_rows_into"):      # placed by the reader: no [misses, D] temporary either
+            reader.read_rows_into(ids[misses], out.numpy(), misses)
+        else:
+            out[torch.from_numpy(misses)] = torch.from_numpy(reader.read_rows(ids[misses]))
         return out
 
     def read_rows(self, ids) -> np.ndarray:

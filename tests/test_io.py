@@ -112,6 +112,9 @@ def test_direct_small_buffer_offset_and_eof(tmp_path, backend):
         ids = rng.integers(0, n, 3000)
         with DirectReader(p, n, dim, row_stride=stride, offset=offset, backend=backend, buffer_bytes=buf) as r:
             np.testing.assert_array_equal(r.read_rows(ids), data[ids])
+            into = np.zeros((len(ids), dim), np.float32)
+            r.read_rows_into(ids, into, np.arange(len(ids))[::-1])   # many chunks, scattered in place
+            np.testing.assert_array_equal(into[::-1], data[ids])
             np.testing.assert_array_equal(r.read_rows(ids[:1]), data[ids[:1]])
             np.testing.assert_array_equal(r.read_range(1, n), data[1:])
             assert r.stats.requests > 3
@@ -146,6 +149,16 @@ def test_readers_agree(layouts, which, raw, edges, rng):
         out = r.read_rows(ids)
         assert out.dtype == np.float32 and out.shape == (len(ids), data.shape[1]) and out.flags.c_contiguous
         np.testing.assert_array_equal(out, data[ids], err_msg=repr(r))
+        before = r.stats.as_dict()
+        r.read_rows(ids)
+        once = {k: v - before[k] for k, v in r.stats.as_dict().items() if k != "seconds"}
+        into = np.full((len(ids) + 5, data.shape[1]), -1, np.float32)
+        where = np.random.default_rng(rng).permutation(len(ids) + 5)[:len(ids)]
+        before = r.stats.as_dict()
+        r.read_rows_into(ids, into, where)       # the same rows and the same reads, placed at `where`
+        assert {k: v - before[k] for k, v in r.stats.as_dict().items() if k != "seconds"} == once, repr(r)
+        np.testing.assert_array_equal(into[where], data[ids], err_msg=repr(r))
+        assert (np.delete(into, where, axis=0) == -1).all()
         rng_out = r.read_range(lo, hi)
         assert rng_out.flags.c_contiguous
         np.testing.assert_array_equal(rng_out, data[lo:hi], err_msg=repr(r))

@@ -93,3 +93,30 @@ def test_make_reads_in_pieces_the_pages_and_requests_of_one_read(tmp_path, dim):
             stats.append((reader.stats.pages, reader.stats.requests, reader.stats.calls))
     (pages, requests, calls), (pages2, requests2, calls2) = stats
     assert (pages, requests) == (pages2, requests2) and calls == 1 < calls2
+
+
+@pytest.mark.parametrize("piece", [4 << 20, 3 * 4 * 16])
+def test_partial_gather_places_hits_and_misses_in_pieces(tmp_path, monkeypatch, piece):
+    """Hits copied a few rows at a time and misses placed by the reader itself: the rows and the reads of
+    one plain read of the misses, into a given buffer too."""
+    from oocgnn import resident
+    from oocgnn.direct import DirectReader
+    from oocgnn.io import feature_row_stride
+    monkeypatch.setattr(resident, "GATHER_PIECE", piece)
+    n, dim = 2000, 16
+    data = np.random.default_rng(0).standard_normal((n, dim)).astype(np.float32)
+    padded = np.zeros((n, feature_row_stride(dim * 4) // 4), np.float32)
+    padded[:, :dim] = data
+    padded.tofile(tmp_path / "f.bin")
+    held = np.arange(0, n, 3)
+    ids = np.random.default_rng(1).integers(0, n, 700)
+    with DirectReader(tmp_path / "f.bin", n, dim, row_stride=padded.shape[1] * 4) as reader:
+        cached = CachedReader(reader, n, len(held))
+        cached.make(held)
+        before = reader.stats.pages, reader.stats.requests
+        out = torch.full((len(ids), dim), -1.0)
+        assert cached.gather(ids, out=out) is out and np.array_equal(out.numpy(), data[ids])
+        got = reader.stats.pages - before[0], reader.stats.requests - before[1]
+    with DirectReader(tmp_path / "f.bin", n, dim, row_stride=padded.shape[1] * 4) as plain:
+        plain.read_rows(ids[~np.isin(ids, held)])
+        assert got == (plain.stats.pages, plain.stats.requests)
