@@ -30,7 +30,7 @@ from .io import IOStats
 from .models import build_model
 from .rundir import LOG_COLUMNS, STEP_COLUMNS
 from .sampler import Sampler
-from .units import peak_rss
+from .units import peak_rss, trim_heap
 
 WARMUP_STEPS = 2
 RANK_STATE = ("history", "torch_rng", "numpy_rng", "cuda_rng", "step_rows", "counters", "timers", "bg_timers",
@@ -243,6 +243,7 @@ def run_loop(cfg, run, store, plan, runtime, t_enter, device, mix, ranks=None, f
         before = runtime.io()
         with timers("eval"):
             accs = accuracies()
+            trim_heap()                            # its blocks' pieces: not left in the RSS under the steps
         if evaluator.reads_in_run:                 # else a background load may be what was read
             excluded.__iadd__(runtime.io() - before)
         io = runtime.io() - excluded + carried
@@ -285,6 +286,7 @@ def run_loop(cfg, run, store, plan, runtime, t_enter, device, mix, ranks=None, f
     with runtime.memory_cap():
         runtime.setup()                            # run-long residents: outside the timed epochs
         evaluator = evaluation(cfg, plan, runtime, store, eval_sets, labels, device)
+        trim_heap()                                # the setup's transients (profiles, chunks read)
         if cfg.resume:
             state = run.load_checkpoint()
             start = state["step"]
