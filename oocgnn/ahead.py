@@ -124,7 +124,7 @@ def chunks(plan, steps, sample, before=None, stamps=None):
             if stamps is None:
                 inputs.append(s.input_nodes)
             else:
-                used = stamps.plan(s.blocks, i, prune=False)
+                used = stamps.plan(s.blocks, step.update, prune=False)   # its optimizer step
                 stamps.mark(used)
                 inputs.append(used.input_ids)
         return items, plan.chunk_fetch(items, inputs)

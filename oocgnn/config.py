@@ -21,6 +21,7 @@ from .units import parse_size
 
 
 EVAL_MODES = ("layerwise", "batch")   # --eval-mode (oocgnn.evaluation)
+ACCUMULATE = ("auto", "on", "off")   # --accumulate (oocgnn.optsteps)
 PRECISIONS = ("fp32", "bf16")     # --precision: float32, or bfloat16 autocast (oocgnn.device)
 MAX_HIDDEN = 1 << 16              # --hidden: wider layers are refused before torch tries to allocate them
 
@@ -66,6 +67,10 @@ class TrainConfig:
     sampler: str = setting("per-hop", "per-hop (every layer draws its nodes' neighbours, DGL's) | dense (MariusGNN's "
                                       "DENSE: a node's draw is reused by the inner layers; only new nodes are drawn)")
     batch_size: int = setting(1024, "training nodes per mini-batch")
+    accumulate: str = setting("auto", "label-balanced optimizer steps: on (a step accumulates the gradients of "
+                                      "consecutive mini-batches until it has seen min(batch size, training nodes) "
+                                      "labelled nodes, or its epoch ends) | off (a step per mini-batch, as the papers) "
+                                      "| auto (on where the plan's groups hold fewer labelled nodes than that)")
     hidden: int = setting(128, "hidden width")
     lr: float = setting(3e-3, "Adam learning rate")
     dropout: float = setting(0.5, "dropout between layers")
@@ -146,6 +151,8 @@ class TrainConfig:
             self.seeds = ",".join(map(str, parse_seeds(self.seeds)))
         if self.eval_mode not in EVAL_MODES:
             raise UserError(f"eval_mode must be one of {', '.join(EVAL_MODES)}, got {self.eval_mode!r}")
+        if self.accumulate not in ACCUMULATE:
+            raise UserError(f"accumulate must be one of {', '.join(ACCUMULATE)}, got {self.accumulate!r}")
         if self.sampler not in ("per-hop", "dense"):
             raise UserError(f"sampler must be per-hop or dense, got {self.sampler!r}")
         if self.topology not in ("auto", "memory", "disk"):

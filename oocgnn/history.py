@@ -74,7 +74,8 @@ class HistoryStamps:
 
     Reuse rule (OUTRE §4.3, code `|t − stamp| < STALENESS`): a candidate is fresh at
     iteration t iff stamp ≥ 0 and t − stamp < staleness, so staleness=1 never reuses.
-    `t` is a global iteration (mini-batch) counter, non-decreasing across epochs.
+    `t` is a global iteration counter, non-decreasing across epochs: the optimizer step (`optsteps`; one per
+    mini-batch unless steps accumulate), so that within one step, whose weights do not change, a history stays fresh.
     """
 
     def __init__(self, candidates, staleness: int, num_nodes: int):

@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from . import optsteps
 from .device import LossMeter, autocast, cuda_host_memory
 from .errors import UserError
 from .evaluation import LayerwiseEval
@@ -34,7 +35,7 @@ from .units import peak_rss, trim_heap
 
 WARMUP_STEPS = 2
 RANK_STATE = ("history", "torch_rng", "numpy_rng", "cuda_rng", "step_rows", "counters", "timers", "bg_timers",
-              "io", "topology_io")      # what a checkpoint keeps of each rank (the rest is the same on every rank)
+              "io", "topology_io", "grads")      # what a checkpoint keeps of each rank (the rest is the same on every rank)
 
 
 class Ranks:
@@ -221,6 +222,10 @@ def run_loop(cfg, run, store, plan, runtime, t_enter, device, mix, ranks=None, f
         slots = slots[:cfg.max_steps]
         steps = steps[:sum(1 for _, i in slots if i is not None)]
     next_load = _next_loads(steps)
+    plan_accumulates, plan_target = getattr(plan, "accumulate", False), getattr(plan, "step_target", 1)
+    closes, weights = optsteps.closes_and_weights(        # optimizer steps: after which slots, and each batch's share
+        [None if i is None else steps[i][2].update for _, i in slots],
+        [0 if i is None else len(steps[i][2].seeds) for _, i in slots], ranks.max)
     timers, rows, step_rows = Timers(), [], []
     st = {"train_s": 0.0, "loss_sum": 0.0, "loss_n": 0}
     excluded = IOStats()                           # reads of the setup, of evaluation, of a resume's reload
@@ -268,18 +273,19 @@ def run_loop(cfg, run, store, plan, runtime, t_enter, device, mix, ranks=None, f
                 "cuda_rng": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
                 "step_rows": step_rows, "counters": dict(st), "timers": dict(timers.s),
                 "bg_timers": dict(runtime.timers), "io": (runtime.io() - excluded + carried - ahead).as_dict(),
-                "topology_io": (runtime.topology_io() - setup_topology_io + carried_topology - ahead_lists).as_dict()}
+                "topology_io": (runtime.topology_io() - setup_topology_io + carried_topology - ahead_lists).as_dict(),
+                "grads": [None if p.grad is None else p.grad.cpu() for p in model.parameters()]}   # a step under way
         every = ranks.gather(mine)
         if writes:
             run.save_checkpoint({"step": step, "model": model.state_dict(), "opt": opt.state_dict(), "rows": rows,
                                  **(mine if not ranks.distributed else {"ranks": every})})
 
-    def empty_step():
-        """A padding step: no batch, this rank's zero gradients averaged with the others'."""
-        with timers("compute"):
-            opt.zero_grad()
-            ranks.average_gradients(model)
-            opt.step()
+    def update():
+        """The optimizer step after the last mini-batch it accumulates (`optsteps`): the gradients averaged
+        over the ranks (a rank without a batch in it gives zeros), applied, cleared."""
+        ranks.average_gradients(model)
+        opt.step()
+        opt.zero_grad()
 
     start = real_start = 0
     bar = tqdm(total=len(slots), desc=cfg.policy, unit="step", disable=not cfg.progress, leave=False)
@@ -294,6 +300,8 @@ def run_loop(cfg, run, store, plan, runtime, t_enter, device, mix, ranks=None, f
             mine = state if not ranks.distributed else state["ranks"][ranks.rank]
             model.load_state_dict(state["model"])
             opt.load_state_dict(state["opt"])
+            for p, grad in zip(model.parameters(), mine.get("grads") or []):
+                p.grad = None if grad is None else grad.to(device)
             runtime.load_state(mine["history"])
             rows[:], step_rows[:] = state["rows"], mine["step_rows"]
             st.update(mine["counters"])
@@ -323,20 +331,21 @@ def run_loop(cfg, run, store, plan, runtime, t_enter, device, mix, ranks=None, f
             if i is not None:
                 i, epoch, b, step, sample = next(walk)   # loads the step's ranges, then samples its batch
             if i is None or not len(sample.output_nodes):   # padding, or a rank's empty share of a batch
-                empty_step()
+                if closes[g]:
+                    with timers("compute"):
+                        update()
             else:
                 with timers("gather"):
-                    x, ctx = runtime.inputs(sample, i)
+                    x, ctx = runtime.inputs(sample, step.update)
                 with timers("h2d"):                # a no-op on the CPU; on a GPU, queued on a side stream
                     x, y = runtime.to_device([x, labels[torch.from_numpy(sample.output_nodes)].long()], ctx)
                 with timers("compute"):
                     with autocast(device, cfg.precision):
-                        logits = runtime.forward(model, ctx, x, i)
+                        logits = runtime.forward(model, ctx, x, step.update)   # histories age per update
                     loss = F.cross_entropy(logits.float(), y)
-                    opt.zero_grad()
-                    loss.backward()
-                    ranks.average_gradients(model)
-                    opt.step()
+                    (loss if weights[g] == 1.0 else loss * weights[g]).backward()   # the step's mean loss
+                    if closes[g]:
+                        update()
                     add_losses(losses.push(i, epoch, loss))   # a GPU waits here for the previous step
                     runtime.h2d.step_done()
                 del x, y, ctx, sample
@@ -394,6 +403,9 @@ def run_loop(cfg, run, store, plan, runtime, t_enter, device, mix, ranks=None, f
         "topology": plan.topology, "topology_io": topology_io.as_dict(),
         "topology_io_setup": setup_topology_io.as_dict(),
         "io_excluded": (excluded - setup_io).as_dict(),
+        "optimizer_steps": {"accumulate": bool(plan_accumulates), "target": int(plan_target),
+                            "per_epoch": sum(1 for g, (e, _) in enumerate(slots) if e == 0 and closes[g]),
+                            "total": sum(closes)},
         "memory": plan.memory(), "resident_bytes": plan.resident_bytes(),
         "memory_budget": cfg.memory_budget_bytes, "memory_cap": cap_record, "peak_rss": peak_rss(),
         "cuda_host_memory": cuda_memory,

@@ -60,6 +60,16 @@ def groups(schedule, epoch=0) -> list:
     return [np.asarray(train, dtype=np.int64) for _, train in schedule.groups(epoch)]
 
 
+def update_groups(plan, epoch=0) -> list:
+    """The training ids each optimizer step of `epoch` trains on, in order: its mini-batches' seeds together
+    (`optsteps`: where steps accumulate mini-batches, a step's label mix is what the model follows)."""
+    out = {}
+    for e, _, step in plan.steps(epoch + 1):
+        if e == epoch:
+            out.setdefault(step.update, []).append(np.asarray(step.seeds, dtype=np.int64))
+    return [np.concatenate(v) for v in out.values()]
+
+
 def tv_distance(labels, reference) -> float:
     """½ Σ |p − q| of two label histograms (counts, any scale)."""
     p, q = np.asarray(labels, float), np.asarray(reference, float)
@@ -88,16 +98,19 @@ def random_draw_tv(size, reference) -> float:
 def group_stats(plan_or_schedule, epochs=1):
     """A DataFrame, one row per group of the first `epochs` epochs: epoch, group, training nodes, parts
     (that its training nodes come from), tv (distance of its label histogram from the training set's) and
-    tv_random (`random_draw_tv` of its size: what a random group of as many training nodes would have)."""
+    tv_random (`random_draw_tv` of its size: what a random group of as many training nodes would have).
+    A plan whose optimizer steps accumulate mini-batches (`optsteps`) has a row per optimizer step instead:
+    what each step's gradient follows."""
     import pandas as pd
     schedule = getattr(plan_or_schedule, "schedule", plan_or_schedule)
+    per_update = bool(getattr(plan_or_schedule, "accumulate", False))
     store = schedule.store
     labels = store.compact_labels()       # not store.labels: that int64 copy would stay cached for the run
     c = int(store.num_classes)
     whole = np.bincount(labels[np.asarray(store.train_idx, dtype=np.int64)], minlength=c)
     rows = []
     for e in range(int(epochs)):
-        for g, train in enumerate(groups(schedule, e)):
+        for g, train in enumerate(update_groups(plan_or_schedule, e) if per_update else groups(schedule, e)):
             hist = np.bincount(labels[train], minlength=c)
             rows.append({"epoch": e, "group": g, "train_nodes": len(train),
                          "parts": int(len(np.unique(part_of(schedule, train)))),
@@ -120,7 +133,8 @@ def mixing(plan_or_schedule, epochs=1) -> dict:
            "parts_min": int(df["parts"].min()),
            "tv_mean": round(float(np.average(df["tv"], weights=w)), 4),
            "tv_max": round(float(df["tv"].max()), 4),
-           "tv_random": round(float(np.average(df["tv_random"], weights=w)), 4)}
+           "tv_random": round(float(np.average(df["tv_random"], weights=w)), 4),
+           "unit": "optimizer step" if getattr(plan_or_schedule, "accumulate", False) else "group"}
     out["warning"] = check(out, plan_or_schedule)
     return out
 
@@ -132,12 +146,13 @@ def check(stats: dict, plan=None) -> str:
     more parts cannot mix it further: the line says so, with the TV a random group of that size has."""
     if stats["groups"] <= 1 or (stats["parts_mean"] >= MIN_PARTS and stats["tv_mean"] <= MAX_TV):
         return ""
-    line = (f"groups mix poorly: {stats['parts_mean']:.1f} parts per group on average (warn below {MIN_PARTS}), "
+    unit = stats.get("unit", "group")
+    line = (f"{unit}s mix poorly: {stats['parts_mean']:.1f} parts per {unit} on average (warn below {MIN_PARTS}), "
             f"label distance {stats['tv_mean']:.2f} from the training set on average (warn above {MAX_TV}), "
             f"worst {stats['tv_max']:.2f}; accuracy may fall short of inmemory. ")
     train, random_tv = stats.get("train_mean"), stats.get("tv_random")
     if train and stats["parts_mean"] >= SPREAD * train:
-        return line + (f"Each group trains on only {train:.0f} labelled nodes, nearly one per part, so more parts "
+        return line + (f"Each {unit} trains on only {train:.0f} labelled nodes, nearly one per part, so more parts "
                        f"cannot mix it further (a random draw of as many is {random_tv:.2f} from the training set): "
                        "a larger --memory-budget (fewer, larger groups) or a policy of random batches "
                        "(inmemory, ginex, mmap) is the remedy")

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from . import optsteps
 from .device import HostToDevice
 from .distributed import (TRAFFIC, Exchange, RankFeatures, batch_key, fetch_macrobatch, rank_batches,
                           sample_macrobatch, steps_per_epoch)
@@ -51,8 +52,6 @@ def _add(stages, name, seconds):
     stages[name] = stages.get(name, 0.0) + seconds
 
 
-NO_LOADS = SimpleNamespace(enter_ranges=[])        # a rank plan's steps load nothing the loop must know of
-
 
 class RankPlan:
     """What the training loop (`loop.run_loop`) asks of a plan, for a rank plan: its steps (every batch
@@ -73,11 +72,23 @@ class RankPlan:
         return f"{type(self).__name__} of rank {self.data.rank} of {self.data.world}"
 
     def steps(self, epochs):
-        """(epoch, batch, NO_LOADS) of every batch of every chunk, in order."""
+        """(epoch, batch, step) of every batch of every chunk, in order: a step that loads nothing the loop
+        must know of, with its seeds and its optimizer step (`optsteps`)."""
+        target = optsteps.step_target(self.cfg.batch_size, len(self.data.train_idx))
+        counter = optsteps.StepCounter(target, optsteps.accumulates(self.cfg.accumulate, self.group_sizes(), target))
         for epoch in range(epochs):
             for chunk in self.chunks(epoch):
-                for b, _ in chunk:
-                    yield epoch, b, NO_LOADS
+                for b, item in chunk:
+                    seeds = self.seeds_of(item)
+                    yield epoch, b, SimpleNamespace(enter_ranges=[], seeds=seeds, update=counter(epoch, len(seeds)))
+
+    def seeds_of(self, item) -> np.ndarray:
+        """The training nodes of a chunk's batch item."""
+        return item
+
+    def group_sizes(self) -> list:
+        """Training nodes of each group of the first epoch (none: batches drawn from all of them)."""
+        return []
 
     def memory(self) -> dict:
         return {"feature_rows": self.resident_bytes()}
@@ -177,6 +188,12 @@ class MegabatchPlan(RankPlan):
         part = np.searchsorted(offsets, train, side="right") - 1
         return [(parts, train[np.isin(part, parts)]) for parts in
                 (np.sort(perm[i:i + n_d]) for i in range(0, len(offsets) - 1, n_d))]
+
+    def seeds_of(self, item) -> np.ndarray:
+        return item[2]
+
+    def group_sizes(self) -> list:
+        return [len(train) for _, train in self._groups(0)]
 
     def _pass_lengths(self, n) -> list:
         """Seeds per pass over a mega-batch of n training nodes: floor(p) full, then round(frac(p)·n) (App. B)."""
@@ -286,8 +303,9 @@ class ExchangeRuntime:
         return {"enforced": False, "reason": "a rank bounds its own rows (no cgroup)"}
 
     def walk(self, steps, sample, before, start=0):
-        """(i, epoch, batch, None, sample) of the steps from `start`: each chunk prepared (`before`) at its
-        first batch — again, uncounted, when a resumed run starts inside it."""
+        """(i, epoch, batch, step, sample) of the steps from `start` (`steps[i]`'s step: its seeds and optimizer
+        step): each chunk prepared (`before`) at its first batch — again, uncounted, when a resumed run starts
+        inside it."""
         i = 0
         for epoch in range(self.cfg.epochs):
             for chunk in self.plan.chunks(epoch):
@@ -297,7 +315,7 @@ class ExchangeRuntime:
                     before(i, (epoch, chunk, i >= start))
                     for j, ((b, _), s) in enumerate(zip(chunk, self.samples)):
                         if start <= i + j < len(steps):
-                            yield i + j, epoch, b, None, s
+                            yield i + j, epoch, b, steps[i + j][2], s
                 i += len(chunk)
 
     def before(self, step, next_load):

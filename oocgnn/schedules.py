@@ -62,6 +62,8 @@ class Step:
     buffer: tuple = ()                                  # a partition buffer's state after the change (its
                                                         # physical partitions; "buckets" data: the edge
                                                         # buckets among them are resident)
+    update: int = 0                                     # its optimizer step in the run (`optsteps`; set by
+                                                        # the plan's `steps`: a schedule's are all 0)
 
     @property
     def visible(self) -> np.ndarray | None:

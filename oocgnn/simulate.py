@@ -304,7 +304,7 @@ def simulate(store, plan, fanouts=None, epochs=1, seed=0, feature_cache=None, ne
             load = loads.pop(i)
             if k == 0 and begin is not None:
                 load = {key: v + begin[key] for key, v in load.items()}
-            used = None if stamps is None else stamps.plan(sample.blocks, i, prune=False)
+            used = None if stamps is None else stamps.plan(sample.blocks, step.update, prune=False)
             row.update(count_batch(res.layout, res.resident, sample.blocks, hist, used))
             if used is not None:
                 stamps.mark(used)

@@ -62,7 +62,7 @@ def _candidates(store, cfg, policies=None) -> tuple:
                     raise UserError("HierBatching App. B rule 2(r_s + r_d)(A + B) <= C does not hold")
                 warning = mixing(plan)["warning"]      # the run would warn: it may lose accuracy
                 if warning:
-                    raise UserError(f"mixes poorly ({warning.split(';')[0].removeprefix('groups mix poorly: ')})")
+                    raise UserError(f"mixes poorly ({warning.split(';')[0].split('mix poorly: ', 1)[-1]})")
                 row.update(fits=True, reason="", resident_bytes=int(plan.resident_bytes()))
                 plans[len(rows)] = plan
             except UserError as e:

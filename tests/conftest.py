@@ -52,8 +52,8 @@ def fennel16(tmp_path_factory, tiny_data):
 
 @pytest.fixture
 def kill_at(monkeypatch):
-    """`kill_at(t)`: training raises KeyboardInterrupt when it reaches step t (a killed run), until
-    `kill_at(None)` restores it."""
+    """`kill_at(t)`: training raises KeyboardInterrupt at its mini-batch t, counted from 0 when armed (a
+    killed run), until `kill_at(None)` restores it."""
     from oocgnn import runtime
     forward = runtime.Runtime.forward
 
@@ -61,9 +61,10 @@ def kill_at(monkeypatch):
         if t is None:
             monkeypatch.setattr(runtime.Runtime, "forward", forward)
             return
+        calls = iter(range(1 << 62))
 
         def killed(self, model, ctx, x, step):
-            if step == t:
+            if next(calls) == t:
                 raise KeyboardInterrupt
             return forward(self, model, ctx, x, step)
         monkeypatch.setattr(runtime.Runtime, "forward", killed)

@@ -183,10 +183,13 @@ def test_unpartitioned_store_is_refused(tiny_store, tmp_path):
 
 
 def test_outre_history_reuses_and_saves_reads(fennel16, tmp_path):
-    kw = {"policy": "outre", "parts_per_macro": 4, "memory_budget": "1MB", "history_ratio": 0.2}
+    kw = {"policy": "outre", "parts_per_macro": 4, "memory_budget": "1MB", "history_ratio": 0.2, "accumulate": "off"}
     fresh = train(_cfg(fennel16, tmp_path / "b", staleness=1000, **kw))
     never = train(_cfg(fennel16, tmp_path / "c", staleness=1, **kw))
     assert never["history_hits"] == 0 and fresh["history_hits"] > 0, "staleness 1 disables reuse"
+    # staleness counts optimizer steps: where they accumulate mini-batches, 1 reuses within a step (same weights)
+    within = train(_cfg(fennel16, tmp_path / "d", staleness=1, **{**kw, "accumulate": "on"}))
+    assert within["optimizer_steps"]["per_epoch"] < within["epoch_steps"] and within["history_hits"] > 0
     assert fresh["io"]["rows"] < never["io"]["rows"], "skipped sub-trees are not read"
     assert fresh["memory"]["history"] == never["memory"]["history"] > 0
     # the histories' bytes come out of the feature cache's share of the budget

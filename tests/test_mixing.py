@@ -122,7 +122,7 @@ def _train_cli(store, tmp_path, capsys, *flags):
 
 def test_the_warning_fires_on_16_parts_in_pairs_and_not_with_the_defaults(fennel16, tmp_path, capsys):
     import json
-    bad = _train_cli(fennel16, tmp_path, capsys, "--parts-per-megabatch", "2")
+    bad = _train_cli(fennel16, tmp_path, capsys, "--parts-per-megabatch", "2", "--accumulate", "off")
     lines = [line for line in bad.err.splitlines() if "mix poorly" in line]
     assert len(lines) == 1 and lines[0].startswith("oocgnn: warning: hierbatching") and "--parts-per-megabatch" in lines[0]
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
@@ -132,6 +132,12 @@ def test_the_warning_fires_on_16_parts_in_pairs_and_not_with_the_defaults(fennel
     assert "mix poorly" not in good.err
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["parts_per_megabatch"] == 16 and summary["mixing"]["groups"] == 1
+    # the same pairs with label-balanced steps (auto: on, their groups hold fewer labelled nodes than a batch):
+    # the mixing is each optimizer step's, which sees as many labelled nodes as a batch
+    _train_cli(fennel16, tmp_path, capsys, "--parts-per-megabatch", "2")
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["optimizer_steps"]["accumulate"] and summary["mixing"]["unit"] == "optimizer step"
+    assert summary["optimizer_steps"]["target"] == 64 <= summary["mixing"]["train_mean"]
 
 
 def test_the_default_mega_batch_is_the_most_the_budget_holds(fennel16, tmp_path):

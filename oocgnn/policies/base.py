@@ -8,7 +8,7 @@ from typing import Callable
 
 import numpy as np
 
-from .. import units
+from .. import optsteps, units
 from ..errors import UserError
 from ..schedules import Schedule, Step, make_schedule
 from ..units import format_size
@@ -107,12 +107,31 @@ class Plan:
         return getattr(self.cfg, self.name)
 
     def steps(self, epochs):
-        """(epoch, batch index, Step) of `epochs` epochs, in order; with the topology in memory, steps
-        move no adjacency (every list is resident from the setup)."""
+        """(epoch, batch index, Step) of `epochs` epochs, in order, each with its optimizer step (`update`,
+        `optsteps`); with the topology in memory, steps move no adjacency (every list is resident from
+        the setup)."""
+        counter = optsteps.StepCounter(self.step_target, self.accumulate)
         for e, b, step in self.schedule.steps(epochs):
             if self.topology == "memory" and "adjacency" in step.data:
                 step = replace(step, data=tuple(d for d in step.data if d != "adjacency"))
-            yield e, b, step
+            yield e, b, replace(step, update=counter(e, len(step.seeds)))
+
+    @property
+    def step_target(self) -> int:
+        """Labelled nodes an optimizer step sees (`optsteps.step_target`)."""
+        if self.cfg is None:                     # a bare schedule (analyses): a step per mini-batch
+            return 1
+        return optsteps.step_target(self.cfg.batch_size, len(self.store.train_idx))
+
+    @cached_property
+    def accumulate(self) -> bool:
+        """Whether optimizer steps accumulate mini-batches (`--accumulate`; auto: on where the plan's groups
+        hold fewer labelled nodes than a step's target)."""
+        if self.cfg is None:
+            return False
+        sched = self.schedule
+        sizes = [len(train) for _, train in sched.groups(0)] if hasattr(sched, "groups") else []
+        return optsteps.accumulates(self.cfg.accumulate, sizes, self.step_target)
 
     def setup(self) -> list:
         """Steps of what is resident all run, loaded before the first step (outside the timed epochs),

@@ -1,0 +1,79 @@
+"""Label-balanced optimizer steps: an optimizer step that sees the training set's label mix although each
+mini-batch comes from one group.
+
+A group policy (HierBatching's mega-batches, OUTRE's partition batches, MariusGNN's buffer states, the
+composed policy's) draws every mini-batch of a group from that group's training nodes. On a small
+labelled set (a given split of 20 labels per class) a group holds a few labelled nodes of one or two
+classes, and a step per mini-batch is a step towards those classes: the loss climbs and a seed may never
+recover (`mixing` measures how far a group is from the training set). The optimizer step need not be the
+mini-batch: gradients accumulate over consecutive mini-batches until the step has seen `step_target`
+labelled nodes — min(batch size, training nodes), what one in-memory step sees — or its epoch ends. Each
+mini-batch's loss is weighted by its share of the step's labelled nodes, so the step's gradient is the
+mean over all of them, as an in-memory batch's is. Sampling and residency are untouched: each mini-batch
+is still sampled inside its own group, while it is resident.
+
+`--accumulate on | off | auto`: off is a step per mini-batch (the papers'); auto is on where the plan's
+groups hold fewer labelled nodes, on average, than a step's target (with groups of at least that many it
+would change nothing but the merging of a group's last partial batch with the next group's first).
+Historical embeddings (OUTRE) count their staleness in optimizer steps: within one step the weights do not
+change, so a history pushed by its first mini-batch is as fresh for its last.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+
+def step_target(batch_size, num_train) -> int:
+    """Labelled nodes an optimizer step sees: a batch's, or the whole training set when it is smaller."""
+    return max(1, min(int(batch_size), int(num_train)))
+
+
+def accumulates(mode, group_sizes, target) -> bool:
+    """Whether optimizer steps accumulate mini-batches: `mode` on or off, or auto: on where there are groups
+    and they hold fewer labelled nodes than `target` on average."""
+    if mode != "auto":
+        return mode == "on"
+    return bool(len(group_sizes) > 1 and float(np.mean(group_sizes)) < target)
+
+
+class StepCounter:
+    """The optimizer step of each mini-batch, called in order with (epoch, labelled nodes): a step closes
+    once it has seen `target` labelled nodes or when its epoch ends, and a mini-batch of `target` or more
+    is a step of its own (so groups that hold a batch train as without accumulation); off (`on` False): one
+    per mini-batch."""
+
+    def __init__(self, target: int, on: bool):
+        self.target, self.on = int(target), bool(on)
+        self.index, self.seen, self.epoch = -1, 0, None
+
+    def __call__(self, epoch: int, labelled: int) -> int:
+        if not self.on or epoch != self.epoch or self.seen >= self.target or labelled >= self.target:
+            self.index, self.seen = self.index + 1, 0
+        self.epoch = epoch
+        self.seen += int(labelled)
+        return self.index
+
+
+def closes_and_weights(updates, sizes, ranks_max) -> tuple[list, list]:
+    """For a run's slots (each a mini-batch's optimizer step in `updates` and its labelled nodes in `sizes`,
+    or None for a padding step): whether the optimizer steps after each slot, and the weight of each
+    mini-batch's loss (its share of the labelled nodes this rank trains on in that optimizer step).
+    `ranks_max`: the ranks' element-wise maximum (one process: identity); a step closes where any rank's
+    does, so that every rank steps together; the last slot always closes."""
+    n = len(updates)
+    own, later = [False] * n, None                     # this rank's last mini-batch of each of its steps
+    for g in range(n - 1, -1, -1):
+        if updates[g] is not None:
+            own[g], later = later != updates[g], updates[g]
+    close = [bool(c) for c in ranks_max([float(c) for c in own])] if n else []
+    if n:
+        close[-1] = True
+    weights, start = [1.0] * n, 0
+    for g in range(n):
+        if close[g]:
+            total = sum(sizes[k] for k in range(start, g + 1) if updates[k] is not None)
+            for k in range(start, g + 1):
+                if updates[k] is not None and total:
+                    weights[k] = sizes[k] / total
+            start = g + 1
+    return close, weights
