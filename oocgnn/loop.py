@@ -376,6 +376,7 @@ def run_loop(cfg, run, store, plan, runtime, t_enter, device, mix, ranks=None, f
         add_losses(losses.flush())
     bar.close()
     cap_record = runtime.cap_record()
+    eval_rows, eval_lists = runtime.eval_io()
     io = runtime.io() - excluded + carried
     topology_io = runtime.topology_io() - setup_topology_io + carried_topology
     reader = type(runtime.cached.reader).__name__
@@ -403,6 +404,8 @@ def run_loop(cfg, run, store, plan, runtime, t_enter, device, mix, ranks=None, f
         "topology": plan.topology, "topology_io": topology_io.as_dict(),
         "topology_io_setup": setup_topology_io.as_dict(),
         "io_excluded": (excluded - setup_io).as_dict(),
+        "io_eval": (eval_rows if not evaluator.reads_in_run else excluded - setup_io).as_dict(),
+        "topology_io_eval": eval_lists.as_dict(),     # evaluation's reads, beside the run's (not in them)
         "optimizer_steps": {"accumulate": bool(plan_accumulates), "target": int(plan_target),
                             "per_epoch": sum(1 for g, (e, _) in enumerate(slots) if e == 0 and closes[g]),
                             "total": sum(closes)},

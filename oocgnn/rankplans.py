@@ -271,6 +271,11 @@ class ExchangeRuntime:
     lists and rows exchanged), its rows read through `distributed.RankFeatures`."""
     eval_reader = None
 
+    def eval_io(self) -> tuple:
+        """(features, lists) evaluation read apart from the run: none (its rows and lists are the rank's own,
+        or exchanged and counted as traffic)."""
+        return IOStats(), IOStats()
+
     def __init__(self, cfg, data, device):
         self.cfg, self.data = cfg, data
         # the rows a rank serves (and evaluates from): resident for inmemory, else read per macrobatch

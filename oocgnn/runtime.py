@@ -363,6 +363,13 @@ class Runtime:
     def history_hits(self) -> int:
         return self.stage.stats["hits"] if self.stage is not None else 0
 
+    def eval_io(self) -> tuple:
+        """(features, lists) evaluation read through its own readers (layer-wise streaming, batch evaluation's
+        reader, its view of the lists), never counted in the run's I/O."""
+        rows = sum((r.stats for r in (self.eval_reader, self.stream_reader) if r is not None), IOStats())
+        own = self.eval_topology is not None and self.eval_topology.reader is not self.topology.reader
+        return rows, (self.eval_topology.reader.stats if own else IOStats())
+
     def close(self):
         self.loader.close()
         if self.ahead is not None:

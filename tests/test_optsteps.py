@@ -111,3 +111,17 @@ def test_outre_histories_age_per_optimizer_step_executed_as_simulated(fennel16, 
     assert run["optimizer_steps"]["accumulate"] and run["history_hits"] > 0
     sim = simulate(fennel16, make_plan(fennel16, cfg), epochs=1, progress=False)
     assert int(sim["history_hits"].sum()) == run["history_hits"]
+
+
+def test_evaluation_reads_are_reported_beside_the_runs(fennel16, tmp_path):
+    """Layer-wise evaluation reads through its own reader: its rows and pages are in `io_eval`, not in `io`;
+    each evaluation reads a row at most once, and only rows the plan does not hold."""
+    s = train(_cfg(fennel16, tmp_path / "run", parts_per_megabatch=2, batch_size=256, max_eval_nodes=0))
+    evaluations = len(s["log"])
+    assert s["eval_mode"] == "layerwise" and evaluations == 3
+    assert 0 < s["io_eval"]["unique_rows"] == s["io_eval"]["rows"] <= evaluations * fennel16.num_nodes
+    assert s["io_eval"]["pages"] > 0 and s["io"]["calls"] > 0
+    same = train(_cfg(fennel16, tmp_path / "again", parts_per_megabatch=2, batch_size=256, max_eval_nodes=0,
+                      eval_every=3))       # more evaluations: more evaluation reads, the same run reads
+    assert same["io"] == {**s["io"], "seconds": same["io"]["seconds"]}
+    assert same["io_eval"]["rows"] > s["io_eval"]["rows"]
