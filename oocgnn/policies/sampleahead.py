@@ -27,17 +27,22 @@ class SampleAheadPlan(Plan):
         isz = np.dtype(self.store.meta["index_dtype"]).itemsize
         return int(self.cfg.neighbour_cache_ratio_of(self.name) * self.budget) // isz
 
+    @property
+    def batch_seeds(self) -> int:
+        """Seeds of the largest batch: --batch-size, or the training set where it is smaller (its real size)."""
+        return max(1, min(int(self.cfg.batch_size), len(self.store.train_idx)))
+
     def sample_rows(self) -> int:
         """Input rows one sampled batch holds at most (`ahead.sample_bound`)."""
         from ..ahead import sample_bound  # torch: imported when used, not with this module
-        return sample_bound(self.cfg.batch_size, self.fanouts, self.store.num_nodes, self.store.num_edges,
+        return sample_bound(self.batch_seeds, self.fanouts, self.store.num_nodes, self.store.num_edges,
                             self.dense)[0]
 
     def samples_bytes(self, size=None) -> int:
         """Two chunks of `size` (default the plan's) samples and their changesets, and the sample that ends
         the second (`ahead.chunks` sees a chunk end at the next one's first batch), at their bound."""
         from ..ahead import sample_bound  # torch: imported when used, not with this module
-        rows, nbytes = sample_bound(self.cfg.batch_size, self.fanouts, self.store.num_nodes, self.store.num_edges,
+        rows, nbytes = sample_bound(self.batch_seeds, self.fanouts, self.store.num_nodes, self.store.num_edges,
                                     self.dense)
         return (2 * (self.lookahead if size is None else size) + 1) * (nbytes + self.change_bytes * rows)
 
@@ -53,11 +58,16 @@ class SampleAheadPlan(Plan):
         """What the plan needs whatever its caches get, with chunks of `size`."""
         return self.resident_bytes() - self.samples_bytes() + self.samples_bytes(size)
 
+    def fitting_size(self) -> int:
+        """The chunk size (--superbatch, --macrobatch) the budget holds: the plan's own if it fits, else the
+        largest of it halved that does (0: none)."""
+        return next((s for s in (self.lookahead // 2 ** k for k in range(0, 40)) if s >= 1
+                     and self.fixed_bytes(s) - self.cache_bytes() <= self.budget), 0)
+
     def check_budget(self):
         if self.fixed_bytes(self.lookahead) - self.cache_bytes() <= self.budget:
             return super().check_budget()
-        fits = next((s for s in (self.lookahead // 2 ** k for k in range(1, 40)) if s >= 1
-                     and self.fixed_bytes(s) - self.cache_bytes() <= self.budget), 0)
+        fits = self.fitting_size()
         parts = ", ".join(f"{k} {format_size(v)}" for k, v in self.memory().items())
         if not fits:    # the neighbour cache grows with the budget: solve for the budget that holds the rest
             ratio = self.cfg.neighbour_cache_ratio_of(self.name) if self.topology == "disk" else 0.0
