@@ -410,7 +410,6 @@ def run_loop(cfg, run, store, plan, runtime, t_enter, device, mix, ranks=None, f
                             "per_epoch": sum(1 for g, (e, _) in enumerate(slots) if e == 0 and closes[g]),
                             "total": sum(closes)},
         "memory": plan.memory(), "resident_bytes": plan.resident_bytes(),
-        "fitted": getattr(plan, "fitted", {}),   # default sizes shrunk to the budget: {flag: [default, used]}
         "memory_budget": cfg.memory_budget_bytes, "memory_cap": cap_record, "peak_rss": peak_rss(),
         "cuda_host_memory": cuda_memory,
         "history_hits": runtime.history_hits, "mixing": mix,

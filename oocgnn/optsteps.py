@@ -13,8 +13,9 @@ mean over all of them, as an in-memory batch's is. Sampling and residency are un
 is still sampled inside its own group, while it is resident.
 
 `--accumulate on | off | auto`: off is a step per mini-batch (the papers'); auto is on where the plan's
-groups hold fewer labelled nodes, on average, than a step's target (with groups of at least that many it
-would change nothing but the merging of a group's last partial batch with the next group's first).
+groups hold fewer labelled nodes, on average, than a step's target and so few that a random draw of as many
+is far from the training set's label mix (`accumulates`); elsewhere accumulating would change nothing (groups
+of a batch or more) or only cut the number of updates (groups of hundreds of labelled nodes).
 Historical embeddings (OUTRE) count their staleness in optimizer steps: within one step the weights do not
 change, so a history pushed by its first mini-batch is as fresh for its last.
 """
@@ -28,12 +29,23 @@ def step_target(batch_size, num_train) -> int:
     return max(1, min(int(batch_size), int(num_train)))
 
 
-def accumulates(mode, group_sizes, target) -> bool:
-    """Whether optimizer steps accumulate mini-batches: `mode` on or off, or auto: on where there are groups
-    and they hold fewer labelled nodes than `target` on average."""
+AUTO_SKEW = 0.10    # auto: on where a random draw of a group's labelled nodes is this far (TV) from the training set
+
+
+def accumulates(mode, group_sizes, target, train_labels=None) -> bool:
+    """Whether optimizer steps accumulate mini-batches: `mode` on or off, or auto: on where there are groups,
+    they hold fewer labelled nodes than `target` on average, and so few that even a random draw of as many
+    training labels (`train_labels`: their histogram) is more than AUTO_SKEW from the training set's mix
+    (`mixing.random_draw_tv`): a step on such a group follows a few labels. Groups that hold hundreds of
+    labelled nodes keep a step each (merging them would only cut the number of updates)."""
     if mode != "auto":
         return mode == "on"
-    return bool(len(group_sizes) > 1 and float(np.mean(group_sizes)) < target)
+    if len(group_sizes) < 2 or float(np.mean(group_sizes)) >= target:
+        return False
+    if train_labels is None:
+        return True
+    from .mixing import random_draw_tv  # mixing imports the policies, which import this module
+    return random_draw_tv(int(np.mean(group_sizes)), train_labels) > AUTO_SKEW
 
 
 class StepCounter:

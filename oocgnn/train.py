@@ -99,10 +99,6 @@ def _train(cfg, run, ranks, t_enter) -> dict:
         mix = mixing(plan)                         # from labels and the plan's groups: no I/O
         if mix["warning"] and ranks.rank == 0:
             print(f"oocgnn: warning: {plan.name}: {mix['warning']}", file=sys.stderr)
-        for flag, (default, size) in getattr(plan, "fitted", {}).items():
-            if ranks.rank == 0:
-                print(f"oocgnn: note: {plan.name}: --{flag} {size}, the most the budget holds (the default "
-                      f"{default} needs more; give --{flag} to choose)", file=sys.stderr)
         if not plan.budgeted and plan.resident_bytes() > plan.budget and ranks.rank == 0:
             print(f"oocgnn: note: {plan.name} keeps {format_size(plan.resident_bytes())} resident, more than the "
                   f"{format_size(plan.budget)} budget (it is a baseline: the budget does not bound it)",

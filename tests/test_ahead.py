@@ -185,23 +185,6 @@ def test_shared_settings_set_every_policy_that_has_them(fennel16):
         TrainConfig.create(store=str(fennel16.path), policy="composed", staleness=0)
 
 
-def test_a_default_superbatch_shrinks_to_what_the_budget_holds(fennel16, tmp_path, capsys):
-    """Ginex's S left at its default becomes the most the budget holds (a note says so); given, it is refused
-    with the size that would fit."""
-    from oocgnn.cli import main
-    from oocgnn.policies import make_plan
-    cfg = TrainConfig.create(store=str(fennel16.path), policy="ginex", memory_budget="6MB")
-    plan = make_plan(fennel16, cfg)
-    assert plan.fitted == {"superbatch": [16, plan.lookahead]} and 1 <= plan.lookahead < 16
-    assert plan.resident_bytes() <= plan.budget
-    with pytest.raises(UserError, match=f"--superbatch {plan.lookahead} would fit"):
-        make_plan(fennel16, TrainConfig.create(store=str(fennel16.path), policy="ginex", memory_budget="6MB",
-                                               superbatch=16))
-    assert main(["train", str(fennel16.path), "--policy", "ginex", "--memory-budget", "6MB", "--max-steps", "2",
-                 "--no-progress", "--out", str(tmp_path / "run")]) == 0
-    assert f"--superbatch {plan.lookahead}, the most the budget holds" in capsys.readouterr().err
-
-
 def test_the_sample_bound_uses_the_batches_real_size(fennel16):
     """500 training nodes: a batch of 1024 is one of 500, and the samples held are bounded for 500 seeds."""
     from oocgnn.policies import make_plan

@@ -61,12 +61,6 @@ def make_plan(store, cfg) -> Plan:
     if cfg.policy not in POLICIES:
         raise UserError(f"unknown policy {cfg.policy!r}; choose from {', '.join(POLICIES)}")
     plan = POLICIES[cfg.policy](store, cfg)
-    flag = getattr(plan, "size_flag", "")
-    if flag and flag not in getattr(cfg, "given", ()) and hasattr(plan, "fitting_size"):
-        size = plan.fitting_size()                 # a default chunk size (S, k) shrunk to what the budget holds
-        if 0 < size < plan.lookahead:
-            plan = POLICIES[cfg.policy](store, cfg.replace(**{flag: size}))
-            plan.fitted = {flag: [int(cfg.get(flag)), size]}   # (the default, what fits)
     plan.check_budget()
     return plan
 

@@ -131,7 +131,10 @@ class Plan:
             return False
         sched = self.schedule
         sizes = [len(train) for _, train in sched.groups(0)] if hasattr(sched, "groups") else []
-        return optsteps.accumulates(self.cfg.accumulate, sizes, self.step_target)
+        train = np.asarray(self.store.train_idx, dtype=np.int64)
+        hist = np.bincount(self.store.compact_labels()[train], minlength=int(self.store.num_classes)) \
+            if self.cfg.accumulate == "auto" and len(sizes) > 1 else None
+        return optsteps.accumulates(self.cfg.accumulate, sizes, self.step_target, hist)
 
     def setup(self) -> list:
         """Steps of what is resident all run, loaded before the first step (outside the timed epochs),
