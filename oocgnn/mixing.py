@@ -158,8 +158,9 @@ def check(stats: dict, plan=None) -> str:
                        "(inmemory, ginex, mmap) is the remedy")
     k = "K"
     if hasattr(plan, "n_d"):      # the budget holds n_d of num_groupable parts: K for MIN_PARTS, else twice K
-        few = stats["parts_mean"] < MIN_PARTS
-        k = f"{-(-MIN_PARTS * plan.num_groupable // plan.n_d) if few else 2 * plan.num_groupable} or more"
+        need = -(-MIN_PARTS * plan.num_groupable // plan.n_d)
+        few = stats["parts_mean"] < MIN_PARTS and need > plan.num_groupable   # never a K the store has already
+        k = f"{need if few else 2 * plan.num_groupable} or more"
     policy = POLICIES.get(getattr(plan, "name", ""), Plan)   # the plan's class words the advice (`Plan.mixing_fix`)
     return line + f"Try {policy.mixing_fix(plan, k)}"
 

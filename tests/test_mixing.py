@@ -99,6 +99,11 @@ def test_the_warning_says_when_more_parts_cannot_help():
     far = {**clustered, "parts_mean": 20.0, "tv_mean": 0.3}          # enough parts, far labels: twice as many
     assert "prepare --parts 256 or more" in check(far, plan)
     assert check({**far, "tv_mean": MAX_TV}, plan) == ""
+    # labelled nodes in few of the parts (n_d 19 of 128: MIN_PARTS would need 108 < 128): never advise fewer
+    # parts than the store has (cora's given split was told 108)
+    wide = SimpleNamespace(name="hierbatching", num_groupable=128, n_d=19)
+    line = check(clustered, wide)
+    assert "prepare --parts 256 or more" in line and "108" not in line
 
 
 def test_groups_of_more_parts_mix_better(by_label, tmp_path):
