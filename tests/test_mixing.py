@@ -137,9 +137,9 @@ def test_the_warning_fires_on_16_parts_in_pairs_and_not_with_the_defaults(fennel
     assert "mix poorly" not in good.err
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["parts_per_megabatch"] == 16 and summary["mixing"]["groups"] == 1
-    # the same pairs with label-balanced steps (auto: on, their groups hold fewer labelled nodes than a batch):
+    # the same pairs with label-balanced steps (auto is on: their groups hold fewer labelled nodes than a batch):
     # the mixing is each optimizer step's, which sees as many labelled nodes as a batch
-    _train_cli(fennel16, tmp_path, capsys, "--parts-per-megabatch", "2")
+    _train_cli(fennel16, tmp_path, capsys, "--parts-per-megabatch", "2", "--accumulate", "auto")
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["optimizer_steps"]["accumulate"] and summary["mixing"]["unit"] == "optimizer step"
     assert summary["optimizer_steps"]["target"] == 64 <= summary["mixing"]["train_mean"]

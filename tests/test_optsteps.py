@@ -61,7 +61,7 @@ def test_an_accumulated_step_has_the_gradient_of_one_batch(tiny_store):
 
 
 def _cfg(store, out, **kw):
-    base = dict(store=str(store.path), policy="hierbatching", epochs=2, dropout=0.0, memory_budget="4MB",
+    base = dict(store=str(store.path), policy="hierbatching", epochs=2, dropout=0.0, memory_budget="4MB", accumulate="auto",
                 static_ratio=0.0, passes=1.0, max_eval_nodes=100, progress=False, out=str(out), seed=3)
     return TrainConfig.create(**{**base, **kw})
 
