@@ -16,12 +16,12 @@ training set; its thresholds were calibrated on ../shared/datasets (see `MIN_PAR
 from __future__ import annotations
 
 import math
-from math import ceil, floor, lgamma, sqrt
 
 import numpy as np
 
 from .config import SETTINGS
 from .io import feature_row_stride
+from .optsteps import random_draw_tv
 from .policies import POLICIES, Plan
 from .units import parse_size
 
@@ -74,25 +74,6 @@ def tv_distance(labels, reference) -> float:
     """½ Σ |p − q| of two label histograms (counts, any scale)."""
     p, q = np.asarray(labels, float), np.asarray(reference, float)
     return 0.5 * float(np.abs(p / p.sum() - q / q.sum()).sum())
-
-
-def random_draw_tv(size, reference) -> float:
-    """The expected TV distance from `reference` (a label histogram) of the labels of `size` nodes drawn
-    at random from it: the distance a perfectly mixed group of that size still has (binomial counts per
-    class, summed over the counts within 12 standard deviations + 40 of the mean: Bernstein's inequality
-    puts the rest below 1e-25). Groups of few training nodes are far from the training set by this much alone."""
-    q = np.asarray(reference, float) / np.sum(reference)
-    size = int(size)
-    if size < 1:
-        return 0.0
-    total = 0.0
-    for qc in q[(q > 0) & (q < 1)]:             # a class of share 0 or 1 is always drawn exactly
-        mean, sd = size * qc, sqrt(size * qc * (1 - qc))
-        k = np.arange(max(0, floor(mean - 12 * sd - 40)), min(size, ceil(mean + 12 * sd + 40)) + 1)
-        log_choose = lgamma(size + 1) - np.array([lgamma(i + 1) + lgamma(size - i + 1) for i in k])
-        pmf = np.exp(log_choose + k * np.log(qc) + (size - k) * np.log1p(-qc))
-        total += pmf @ np.abs(k / size - qc)
-    return 0.5 * float(total)
 
 
 def group_stats(plan_or_schedule, epochs=1):

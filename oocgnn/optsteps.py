@@ -21,6 +21,8 @@ change, so a history pushed by its first mini-batch is as fresh for its last.
 """
 from __future__ import annotations
 
+from math import ceil, floor, lgamma, sqrt
+
 import numpy as np
 
 
@@ -44,7 +46,6 @@ def accumulates(mode, group_sizes, target, train_labels=None) -> bool:
         return False
     if train_labels is None:
         return True
-    from .mixing import random_draw_tv  # mixing imports the policies, which import this module
     return random_draw_tv(int(np.mean(group_sizes)), train_labels) > AUTO_SKEW
 
 
@@ -89,3 +90,22 @@ def closes_and_weights(updates, sizes, ranks_max) -> tuple[list, list]:
                     weights[k] = sizes[k] / total
             start = g + 1
     return close, weights
+
+
+def random_draw_tv(size, reference) -> float:
+    """The expected TV distance from `reference` (a label histogram) of the labels of `size` nodes drawn
+    at random from it: the distance a perfectly mixed group of that size still has (binomial counts per
+    class, summed over the counts within 12 standard deviations + 40 of the mean: Bernstein's inequality
+    puts the rest below 1e-25). Groups of few training nodes are far from the training set by this much alone."""
+    q = np.asarray(reference, float) / np.sum(reference)
+    size = int(size)
+    if size < 1:
+        return 0.0
+    total = 0.0
+    for qc in q[(q > 0) & (q < 1)]:             # a class of share 0 or 1 is always drawn exactly
+        mean, sd = size * qc, sqrt(size * qc * (1 - qc))
+        k = np.arange(max(0, floor(mean - 12 * sd - 40)), min(size, ceil(mean + 12 * sd + 40)) + 1)
+        log_choose = lgamma(size + 1) - np.array([lgamma(i + 1) + lgamma(size - i + 1) for i in k])
+        pmf = np.exp(log_choose + k * np.log(qc) + (size - k) * np.log1p(-qc))
+        total += pmf @ np.abs(k / size - qc)
+    return 0.5 * float(total)
