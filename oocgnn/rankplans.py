@@ -75,11 +75,14 @@ class RankPlan:
         """(epoch, batch, step) of every batch of every chunk, in order: a step that loads nothing the loop
         must know of, with its seeds and its optimizer step (`optsteps`)."""
         target = optsteps.step_target(self.cfg.batch_size, len(self.data.train_idx))
-        sizes = self.group_sizes()
-        own = np.asarray(self.data.train_idx, dtype=np.int64)
-        own = own[(own >= self.data.lo) & (own < self.data.hi)] - self.data.lo
-        hist = np.bincount(self.data.labels()[own], minlength=self.data.num_classes) if len(sizes) > 1 else None
-        counter = optsteps.StepCounter(target, optsteps.accumulates(self.cfg.accumulate, sizes, target, hist))
+        on = self.cfg.accumulate == "on"
+        if self.cfg.accumulate == "auto":                  # only auto looks at the groups and their labels
+            sizes = self.group_sizes()
+            own = np.asarray(self.data.train_idx, dtype=np.int64)
+            own = own[(own >= self.data.lo) & (own < self.data.hi)] - self.data.lo
+            hist = np.bincount(self.data.labels()[own], minlength=self.data.num_classes) if len(sizes) > 1 else None
+            on = optsteps.accumulates("auto", sizes, target, hist)
+        counter = optsteps.StepCounter(target, on)
         for epoch in range(epochs):
             for chunk in self.chunks(epoch):
                 for b, item in chunk:

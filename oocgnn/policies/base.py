@@ -127,14 +127,14 @@ class Plan:
     def accumulate(self) -> bool:
         """Whether optimizer steps accumulate mini-batches (`--accumulate`; auto: on where the plan's groups
         hold fewer labelled nodes than a step's target)."""
-        if self.cfg is None:
-            return False
+        if self.cfg is None or self.cfg.accumulate != "auto":   # on/off: no groups or labels to look at
+            return self.cfg is not None and self.cfg.accumulate == "on"
         sched = self.schedule
         sizes = [len(train) for _, train in sched.groups(0)] if hasattr(sched, "groups") else []
         train = np.asarray(self.store.train_idx, dtype=np.int64)
         hist = np.bincount(self.store.compact_labels()[train], minlength=int(self.store.num_classes)) \
-            if self.cfg.accumulate == "auto" and len(sizes) > 1 else None
-        return optsteps.accumulates(self.cfg.accumulate, sizes, self.step_target, hist)
+            if len(sizes) > 1 else None
+        return optsteps.accumulates("auto", sizes, self.step_target, hist)
 
     def setup(self) -> list:
         """Steps of what is resident all run, loaded before the first step (outside the timed epochs),
