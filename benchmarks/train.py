@@ -17,9 +17,9 @@ small subset and excluded from train time):
   hierbatching-p1  the same with p = 1
   outre            partition micro-batches, degree feature cache + direct reads, historical
                    embeddings (10 % of nodes, importance), all inside the same budget
-  ginex            superbatches of S = --superbatch sampled batches (default 16), neighbour cache by
+  ginex            superbatches of S = --superbatch sampled batches (default 16 or what fits), neighbour cache by
                    out/in-degree, Belady feature cache executed from the changesets (Ginex)
-  macrobatch       k = --macrobatch batches (default 4) sampled ahead, their union fetched once in the
+  macrobatch       k = --macrobatch batches (default 4 or what fits) sampled ahead, their union fetched once in the
                    background (BatchGNN)
   marius           MariusGNN: a buffer of c (from the budget) of p = --physical-parts partitions and the
                    edge buckets among them, COMET states, the next state read in the background;
@@ -363,9 +363,11 @@ def main(argv=None):
                          f"{PAPER['static_ratio']} for hierbatching and composed, else the library's "
                          f"{library_default('static_ratio')})")
     ap.add_argument("--superbatch", type=int, default=library_default("superbatch"),
-                    help=f"ginex S: batches sampled ahead (default {library_default('superbatch')})")
+                    help=f"ginex S: batches sampled ahead (default {library_default('superbatch')}: 16, or the "
+                         "largest halving of 16 the budget holds)")
     ap.add_argument("--macrobatch", type=int, default=library_default("macrobatch"),
-                    help=f"macrobatch k: batches per fetch (default {library_default('macrobatch')})")
+                    help=f"macrobatch k: batches per fetch (default {library_default('macrobatch')}: 4, or the "
+                         "largest halving of 4 the budget holds)")
     ap.add_argument("--physical-parts", type=int, default=None,
                     help="marius p: physical partitions, the store's parts grouped, for every configuration "
                          f"(default: each variant's, 64 for marius, else the library's "

@@ -34,9 +34,16 @@ from .distributed import (TRAFFIC, Exchange, RankFeatures, batch_key, fetch_macr
 from .errors import UserError
 from .io import IOStats, range_chunks
 from .policies import evened, fitting_parts, resolve_static_ratio
+from .policies.sampleahead import MacrobatchPlan as BatchGNNPlan
 from .sampler import Sampler
 
 RANK_POLICIES = ("inmemory", "macrobatch", "hierbatching")
+
+
+def exchange_k(cfg) -> int:
+    """k of the macrobatched all_to_all: --macrobatch, or for 0 (its default) BatchGNN's 4 (a rank's
+    exchange buffers are not fitted to its budget)."""
+    return int(cfg.get("macrobatch")) or BatchGNNPlan.default_size
 
 
 def make_rank_plan(cfg, data, features, lists, sampler, exchange):
@@ -110,7 +117,7 @@ class MacrobatchPlan(RankPlan):
 
     def __init__(self, cfg, data, features, lists, sampler, exchange):
         self.cfg, self.data, self.features, self.lists = cfg, data, features, lists
-        self.sampler, self.exchange, self.k = sampler, exchange, int(cfg.get("macrobatch"))
+        self.sampler, self.exchange, self.k = sampler, exchange, exchange_k(cfg)
 
     def resident_bytes(self) -> int:
         return self.features.peak_rows * self.data.row_bytes
@@ -370,7 +377,7 @@ class ExchangeRuntime:
                 "plan": self.plan.describe()}
 
     def summarize(self, records) -> dict:
-        return {"exchange": {k: sum(r[k] for r in records) for k in TRAFFIC}, "macrobatch": int(self.cfg.get("macrobatch")),
+        return {"exchange": {k: sum(r[k] for r in records) for k in TRAFFIC}, "macrobatch": exchange_k(self.cfg),
                 "sharded": self.data.sharded,
                 "topology": "sharded (each rank its own lists; remote lists fetched per macrobatch and layer)"}
 
@@ -393,7 +400,7 @@ class ExchangeEvaluation:
         self.batches = dict(zip(sets, most.tolist()))
 
     def correct(self, model) -> dict:
-        rt, k, size = self.runtime, int(self.cfg.get("macrobatch")), self.cfg.eval_batch_size
+        rt, k, size = self.runtime, exchange_k(self.cfg), self.cfg.eval_batch_size
         model.eval()
         out = {}
         with torch.no_grad():

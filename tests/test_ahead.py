@@ -101,9 +101,29 @@ def test_a_superbatch_that_does_not_fit_says_what_would(fennel16, tmp_path):
     assert make_plan(fennel16, _cfg(fennel16, tmp_path, policy="ginex", superbatch=fits, memory_budget="5MB"))
     with pytest.raises(UserError, match=r"no macrobatch fits: --memory-budget .* would hold one of 1"):
         make_plan(fennel16, _cfg(fennel16, tmp_path, policy="macrobatch", macrobatch=4, memory_budget="100KB"))
-    for bad in ({"superbatch": 0}, {"macrobatch": 0}):
+    for bad in ({"superbatch": -1}, {"macrobatch": -1}):
         with pytest.raises(UserError, match="must be >= 1"):
             _cfg(fennel16, tmp_path, **bad)
+
+
+@pytest.mark.parametrize("policy, flag, default, budget", [("ginex", "superbatch", 16, "3MB"),
+                                                            ("macrobatch", "macrobatch", 4, "6MB")])
+def test_the_default_chunk_size_is_what_the_budget_holds(fennel16, tmp_path, policy, flag, default, budget):
+    """Left at 0 (the default), S and k are their papers' defaults where those fit, else the largest halving
+    that does: the size a refused explicit setting names, and the plan reports it; a resumed run's
+    config.json holds 0 and fits the same size again."""
+    roomy = make_plan(fennel16, _cfg(fennel16, tmp_path, policy=policy, memory_budget="64MB"))
+    assert roomy.lookahead == default and roomy.describe() == {flag: default}
+    tight = _cfg(fennel16, tmp_path, policy=policy, memory_budget=budget)
+    assert tight.get(flag) == 0
+    with pytest.raises(UserError, match=rf"--{flag} {default} needs .* --{flag} (\d+) would fit") as e:
+        make_plan(fennel16, tight.replace(**{flag: default}))
+    fits = int(str(e.value).rsplit(f"--{flag} ", 1)[1].split()[0])
+    plan = make_plan(fennel16, tight)
+    assert 1 <= fits < default and plan.lookahead == fits and plan.describe() == {flag: fits}
+    assert plan.resident_bytes() <= plan.budget
+    again = TrainConfig.create(**tight.to_dict())
+    assert make_plan(fennel16, again).lookahead == fits
 
 
 def test_an_interrupted_run_stops_its_sampling_thread(fennel16, tmp_path, kill_at):

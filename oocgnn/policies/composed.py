@@ -54,7 +54,7 @@ class ComposedPlan(SampleAheadPlan, HierBatchingPlan):
         self.induces = getattr(cfg, self.name).induced
         super().__init__(store, cfg)          # HierBatching's checks and buffers
         o = self.options
-        self.lookahead = o.superbatch
+        self.lookahead = o.superbatch or GinexPlan.default_size
         if self.history_ratio > 0:
             from ..models import hidden_width  # torch: imported when used, not with this module
             self.history = HistorySpec(int(self.history_ratio * store.num_nodes), hidden_width(cfg.model, cfg.hidden),

@@ -19,6 +19,7 @@ class SampleAheadPlan(Plan):
     one's first sample) and their changesets are resident, counted here at their bound from the
     fanouts; the scratch that computes a chunk's fetch is working memory, like the sampler's per batch."""
     lookahead = 1
+    default_size = 1              # the chunk size that --superbatch/--macrobatch 0 starts from (`fit_lookahead`)
     fetch_reads_ahead = False     # the chunk's rows are read by the stage's thread, ahead of its steps
     change_bytes = 0              # bytes per sampled input row of a chunk's changesets
     size_flag = ""
@@ -64,6 +65,16 @@ class SampleAheadPlan(Plan):
         return next((s for s in (self.lookahead // 2 ** k for k in range(0, 40)) if s >= 1
                      and self.fixed_bytes(s) - self.cache_bytes() <= self.budget), 0)
 
+    def fit_lookahead(self, given: int):
+        """The chunk size: `given`, or for 0 (the default) `default_size` or the largest halving of it that
+        the budget holds (as HierBatching's N_d and Marius's c default to what fits; `describe` reports it)."""
+        self.lookahead = given or self.default_size
+        if not given:
+            self.lookahead = self.fitting_size() or self.default_size   # nothing fits: check_budget says so
+
+    def describe(self):
+        return {self.size_flag: self.lookahead}
+
     def check_budget(self):
         if self.fixed_bytes(self.lookahead) - self.cache_bytes() <= self.budget:
             return super().check_budget()
@@ -99,22 +110,25 @@ class GinexPlan(SampleAheadPlan):
     grid = tuple({"superbatch": s} for s in (2, 4, 16))
     neighbour_cache_default = 0.5   # the artifact README's run gives both caches the same size
     change_bytes = 12             # in ids, out ids and positions, int32, at most one each per input row
+    default_size = 16
 
     @dataclass
     class Options:
-        superbatch: int = setting(16, "S: mini-batches sampled ahead of each superbatch's gather (Ginex's "
-                                      "artifact default is 1000, its samples on SSD; here they are in RAM)")
+        superbatch: int = setting(0, "S: mini-batches sampled ahead of each superbatch's gather (Ginex's "
+                                     "artifact default is 1000, its samples on SSD; here they are in RAM); "
+                                     "0: 16 (ginex: or the largest halving of 16 the budget holds)")
 
         def __post_init__(self):
-            if self.superbatch < 1:
-                raise UserError(f"superbatch must be >= 1 mini-batch, got {self.superbatch}")
+            if self.superbatch < 0:
+                raise UserError(f"superbatch must be >= 1 mini-batch (0: what fits), got {self.superbatch}")
 
     def __init__(self, store, cfg):
         super().__init__(store, cfg)
-        self.lookahead = self.options.superbatch
         self.neighbour_entries = self._neighbour_entries()
         self.cache_rows = 0
+        self.lookahead = self.options.superbatch or self.default_size
         self._choose_topology()
+        self.fit_lookahead(self.options.superbatch)
         left = self.budget - self.resident_bytes()
         self.cache_rows = int(min(store.num_nodes, max(0, left) // store.row_bytes))
         from ..ahead import BeladyFetch  # torch: imported when used, not with this module
@@ -155,10 +169,12 @@ class MacrobatchPlan(SampleAheadPlan):
     io_pattern = "one coalesced union read per macrobatch, in the background"
     grid = tuple({"macrobatch": k} for k in (1, 2, 4, 8))
     fetch_reads_ahead, pipeline = True, True
+    default_size = 4
 
     @dataclass
     class Options:
-        macrobatch: int = setting(4, "k: mini-batches per macrobatch, whose input rows are fetched once")
+        macrobatch: int = setting(0, "k: mini-batches per macrobatch, whose input rows are fetched once; 0: 4, or "
+                                     "the largest halving of 4 the budget holds")
         static_cache: bool = setting(False, "spend the budget the union buffers leave on a static cache of the "
                                             "highest-degree rows, which fetches skip")
         union_rows: int = setting(0, "rows each of the two union buffers holds (0: the bound k x the most input "
@@ -166,16 +182,17 @@ class MacrobatchPlan(SampleAheadPlan):
                                      "finds, must hold every macrobatch's union or the run stops)")
 
         def __post_init__(self):
-            if self.macrobatch < 1:
-                raise UserError(f"macrobatch must be >= 1 mini-batch, got {self.macrobatch}")
+            if self.macrobatch < 0:
+                raise UserError(f"macrobatch must be >= 1 mini-batch (0: what fits), got {self.macrobatch}")
             if self.union_rows < 0:
                 raise UserError(f"union_rows must be >= 0 (0: the bound), got {self.union_rows}")
 
     def __init__(self, store, cfg):
         super().__init__(store, cfg)
-        self.lookahead = self.options.macrobatch
         self.cache_rows = 0
+        self.lookahead = self.options.macrobatch or self.default_size
         self._choose_topology()
+        self.fit_lookahead(self.options.macrobatch)
         if self.options.static_cache:
             left = self.budget - self.resident_bytes()
             self.cache_rows = int(min(store.num_nodes, max(0, left) // store.row_bytes))
