@@ -29,7 +29,7 @@ from .errors import UserError
 from .evaluation import LayerwiseEval
 from .io import IOStats
 from .models import build_model
-from .rundir import LOG_COLUMNS, STEP_COLUMNS
+from .rundir import EVAL_LOG_COLUMNS, LOG_COLUMNS, STEP_COLUMNS
 from .sampler import Sampler
 from .units import peak_rss, trim_heap
 
@@ -207,7 +207,7 @@ def run_loop(cfg, run, store, plan, runtime, t_enter, device, mix, ranks=None, f
     model.to(device)                               # initialised on the CPU: the same weights on any device
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
     losses = LossMeter(device)                     # on a GPU, read one step late (no sync per step)
-    log_columns = LOG_COLUMNS + list(runtime.log_fields())
+    log_columns = LOG_COLUMNS + EVAL_LOG_COLUMNS + list(runtime.log_fields())
     eval_sets, eval_totals = {}, {}
     for split, ids in (("val", store.val_idx), ("test", store.test_idx)):
         if cfg.max_eval_nodes and len(ids) > cfg.max_eval_nodes:
@@ -243,6 +243,11 @@ def run_loop(cfg, run, store, plan, runtime, t_enter, device, mix, ranks=None, f
         return dict(zip(eval_sets, (c / eval_totals[s] if eval_totals[s] else float("nan") for s, c in
                                     zip(eval_sets, ranks.sum([correct[s] for s in eval_sets])))))
 
+    def eval_io():
+        """Evaluation's reads so far, features and lists (its own readers', or what it read through the run's)."""
+        rows_io, lists_io = runtime.eval_io()
+        return (rows_io if not evaluator.reads_in_run else excluded - setup_io) + lists_io
+
     def log_eval(epoch, step):
         add_losses(losses.flush())
         before = runtime.io()
@@ -252,14 +257,16 @@ def run_loop(cfg, run, store, plan, runtime, t_enter, device, mix, ranks=None, f
         if evaluator.reads_in_run:                 # else a background load may be what was read
             excluded.__iadd__(runtime.io() - before)
         io = runtime.io() - excluded + carried
+        ev = eval_io()
         more = runtime.log_fields()                # e.g. the rows a rank received
-        loss_sum, loss_n, bytes_read, requests, *more_sums = ranks.sum(
-            [st["loss_sum"], st["loss_n"], io.bytes_read, io.requests, *more.values()])
+        loss_sum, loss_n, bytes_read, requests, eval_bytes, eval_requests, *more_sums = ranks.sum(
+            [st["loss_sum"], st["loss_n"], io.bytes_read, io.requests, ev.bytes_read, ev.requests, *more.values()])
         wall_s, rss = ranks.max([st["train_s"], peak_rss()])
         rows.append({"wall_s": round(wall_s, 4), "epoch": epoch, "step": step,
                      "train_loss": loss_sum / loss_n if loss_n else float("nan"),
                      "val_acc": accs["val"], "test_acc": accs["test"],
                      "bytes_read": int(bytes_read), "requests": int(requests), "peak_rss": int(rss),
+                     "eval_bytes_read": int(eval_bytes), "eval_requests": int(eval_requests),
                      **{k: int(v) for k, v in zip(more, more_sums)}})
         st["loss_sum"], st["loss_n"] = 0.0, 0
         if writes:

@@ -22,6 +22,8 @@ from .errors import UserError, first_line
 RUN_FILES = ("config.json", "log.csv", "steps.csv", "summary.json", "checkpoint.pt")
 LOG_COLUMNS = ["wall_s", "epoch", "step", "train_loss", "val_acc", "test_acc",
                "bytes_read", "requests", "peak_rss"]
+EVAL_LOG_COLUMNS = ["eval_bytes_read", "eval_requests"]   # evaluation's reads so far (features and lists), beside
+#                                                       the run's; not required of a log (runs before them load)
 STEP_COLUMNS = ["epoch", "batch", "seconds", "bytes_read", "pages", "requests", "io_seconds",
                 "sample_s", "gather_s", "compute_s"]      # the step's foreground stages (compute: with h2d)
 

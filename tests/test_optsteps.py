@@ -125,3 +125,9 @@ def test_evaluation_reads_are_reported_beside_the_runs(fennel16, tmp_path):
                       eval_every=3))       # more evaluations: more evaluation reads, the same run reads
     assert same["io"] == {**s["io"], "seconds": same["io"]["seconds"]}
     assert same["io_eval"]["rows"] > s["io_eval"]["rows"]
+    for run in (s, same):                  # the log says them as they accrue: 0 before, the summary's at the end
+        log = run["log"]
+        assert log["eval_bytes_read"].is_monotonic_increasing and log["eval_bytes_read"].iloc[0] > 0
+        assert log["eval_bytes_read"].iloc[-1] == run["io_eval"]["bytes_read"] + run["topology_io_eval"]["bytes_read"]
+        assert log["eval_requests"].iloc[-1] == run["io_eval"]["requests"] + run["topology_io_eval"]["requests"]
+        assert log["bytes_read"].iloc[-1] == run["io"]["bytes_read"]
