@@ -15,7 +15,10 @@ Reads: the input rows (layer 0's sources) are read once per evaluation, sorted i
 chunks of `read_chunk` bytes (`rows(ids)`: coalesced direct reads, outside the run's I/O accounting).
 Memory: the blocks (kept across evaluations: the neighbourhoods do not change), the input rows and
 each layer's embeddings; a table that does not fit what `budget` leaves is spilled to an unnamed
-temporary file (in $TMPDIR; gone with the process, even a killed one).
+temporary file (in $TMPDIR; gone with the process, even a killed one). A layer call's working memory
+(its sources' rows and its edges' messages, at the layer's input width) is bounded too: destination
+chunks shrink until a call takes at most a quarter of the budget (`WORK_FLOOR` at least), so that wide
+features do not make one call of 8,192 nodes hold hundreds of MiB beside the budget.
 """
 from __future__ import annotations
 
@@ -30,7 +33,8 @@ from .blocks import sample_layer
 from .device import autocast
 
 READ_CHUNK = 64 << 20        # bytes of input rows read per call
-DST_CHUNK = 8192             # destination nodes per layer call
+DST_CHUNK = 8192             # destination nodes per layer call, at most
+WORK_FLOOR = 64 << 20        # a layer call's inputs and messages may take this much, or a quarter of the budget
 
 
 @numba.njit(nogil=True, cache=True)
@@ -119,10 +123,13 @@ class LayerwiseEval:
     the blocks, the input rows and the embeddings held at once (what does not fit is spilled)."""
 
     def __init__(self, sampler, fanouts, nodes, feat_dim, rows, budget, dst_chunk=DST_CHUNK,
-                 read_chunk=READ_CHUNK):
+                 read_chunk=READ_CHUNK, widths=None):
         self.sampler, self.fanouts = sampler, [int(f) for f in fanouts]
         self.nodes = np.unique(np.asarray(nodes, dtype=np.int64))
         self.feat_dim, self.rows, self.budget = int(feat_dim), rows, int(budget)
+        # each layer's input width (default: the features'), for the working memory of its calls
+        self.widths = [int(w) for w in (widths or [feat_dim] * len(self.fanouts))]
+        self.work = max(WORK_FLOOR, self.budget // 4)
         # the read buffer is part of the budget too: a quarter of it at most (64 MiB of reads under a 40 MB
         # budget took an mmap run past its memory cgroup's cap)
         self.dst_chunk, self.read_chunk = int(dst_chunk), int(min(read_chunk, max(1 << 16, self.budget // 4)))
@@ -134,13 +141,19 @@ class LayerwiseEval:
         topo, s = self.sampler.topology, self.sampler
         layers, dst = [None] * len(self.fanouts), self.nodes
         for i in range(len(self.fanouts) - 1, -1, -1):
-            chunks, srcs = [], []
-            for lo in range(0, len(dst), self.dst_chunk):
-                frontier = dst[lo:lo + self.dst_chunk]
-                starts, ends, buf = topo.lists(frontier)
-                block = sample_layer(frontier, starts, ends, buf, self.fanouts[i], s.seed, 0, 0, i, s.scratch)
+            chunks, srcs, lo, n = [], [], 0, self.dst_chunk
+            while lo < len(dst):
+                while True:        # a node's draw is keyed by the node: any chunking draws the same
+                    frontier = dst[lo:lo + n]
+                    starts, ends, buf = topo.lists(frontier)
+                    block = sample_layer(frontier, starts, ends, buf, self.fanouts[i], s.seed, 0, 0, i, s.scratch)
+                    work = self._work(block, i)
+                    if work <= self.work or len(frontier) == 1:
+                        break
+                    n = max(1, min(len(frontier) - 1, int(len(frontier) * self.work / work)))
                 chunks.append([lo, block])
                 srcs.append(block.src_nodes)
+                lo += len(frontier)
             layers[i] = (dst, chunks)
             dst = np.unique(np.concatenate(srcs)) if srcs else np.empty(0, np.int64)
         for i, (_, chunks) in enumerate(layers):       # where each block's sources sit in layer i's input
@@ -149,6 +162,10 @@ class LayerwiseEval:
                 c.append(np.searchsorted(src_ids, c[1].src_nodes))
         self.input_ids, self.layers = dst, layers
 
+    def _work(self, block, i) -> int:
+        """Bytes a call of layer i on `block` gathers: its sources' rows and a message per edge."""
+        return (len(block.src_nodes) + len(block.indices)) * self.widths[i] * 4
+
     def memory(self) -> dict:
         """Bytes of what an evaluation holds: blocks, input rows, embeddings (the widest layer's pair)."""
         if self.layers is None:
@@ -156,7 +173,9 @@ class LayerwiseEval:
         blocks = sum(b.indptr.nbytes + b.indices.nbytes + b.src_nodes.nbytes + p.nbytes
                      for _, chunks in self.layers for _, b, p in chunks)
         return {"blocks": blocks, "input_rows": len(self.input_ids) * self.feat_dim * 4,
-                "read_chunk": min(self.read_chunk, len(self.input_ids) * self.feat_dim * 4)}
+                "read_chunk": min(self.read_chunk, len(self.input_ids) * self.feat_dim * 4),
+                "layer_call": max((self._work(b, i) for i, (_, chunks) in enumerate(self.layers)
+                                   for _, b, _ in chunks), default=0)}
 
     # -- the evaluation ----------------------------------------------------------------------
     def logits(self, model, device="cpu", precision="fp32") -> torch.Tensor:
@@ -165,7 +184,7 @@ class LayerwiseEval:
             self._plan()
         device = torch.device(device)
         mem = self.memory()
-        left = self.budget - mem["blocks"] - mem["read_chunk"]
+        left = self.budget - mem["blocks"] - mem["read_chunk"] - mem["layer_call"]
         self.spilled = []
         table = self._table(self.input_ids, self.feat_dim, left, "input_rows")
         left -= table.nbytes if table.in_ram else 0

@@ -28,7 +28,7 @@ from .device import LossMeter, autocast, cuda_host_memory
 from .errors import UserError
 from .evaluation import LayerwiseEval
 from .io import IOStats
-from .models import build_model
+from .models import build_model, hidden_width
 from .rundir import EVAL_LOG_COLUMNS, LOG_COLUMNS, STEP_COLUMNS
 from .sampler import Sampler
 from .units import peak_rss, trim_heap
@@ -120,7 +120,7 @@ class SampledEvaluation:
         self.sampler = Sampler(runtime.eval_topology, fanouts, cfg.seed + 7)
         self.layerwise = None if cfg.eval_mode == "batch" or cfg.model == "mlp" else LayerwiseEval(
             self.sampler, fanouts, np.concatenate(list(sets.values())), store.feat_dim, runtime.stream_rows,
-            eval_budget(plan))
+            eval_budget(plan), widths=[store.feat_dim] + [hidden_width(cfg.model, cfg.hidden)] * (len(fanouts) - 1))
 
     @property
     def reads_in_run(self) -> bool:
