@@ -453,7 +453,7 @@ def build_parser() -> argparse.ArgumentParser:
                         description="Train the same model under each policy at one --memory-budget (default a "
                                     "third of the feature file), each in a fresh process, and write a table "
                                     "(CSV) and a figure (time to accuracy, time to a target, bytes read per "
-                                    "epoch) to --out. A policy whose defaults do not fit runs with the tuner's "
+                                    "epoch) to --out. A policy whose settings do not fit runs with the tuner's "
                                     "grid knobs that fit; one that cannot fit or fails is a row saying why. "
                                     "numba's cache is primed by untimed steps before any timing.")
     _add_settings(co, exclude=("policy", "out", "resume", "max_steps", "checkpoint_every", "force", "seeds",

@@ -62,7 +62,7 @@ def fitting_settings(store, cfg: TrainConfig, policy: str) -> tuple[dict, str]:
     if not fits:
         raise refusal
     knobs = max(fits, key=lambda f: f[0])[1]
-    return knobs, "defaults do not fit; " + _knobs_text(knobs)
+    return knobs, "its settings do not fit; " + _knobs_text(knobs)
 
 
 def _knobs_text(knobs: dict) -> str:

@@ -126,6 +126,18 @@ def test_the_default_chunk_size_is_what_the_budget_holds(fennel16, tmp_path, pol
     assert make_plan(fennel16, again).lookahead == fits
 
 
+def test_composeds_default_superbatch_leaves_most_of_the_budget_to_its_mega_batches(fennel16, tmp_path):
+    """composed at --superbatch 0: 16 where two chunks' samples take at most a quarter of the budget, else
+    the largest halving that does (cora's given split at a third of its features was refused at 16: its
+    samples alone took 5.5 of its 7.1 MiB)."""
+    roomy = make_plan(fennel16, _cfg(fennel16, tmp_path, policy="composed", memory_budget="256MB"))
+    assert roomy.lookahead == 16
+    cfg = _cfg(fennel16, tmp_path, policy="composed", memory_budget="12MB")
+    plan = make_plan(fennel16, cfg)
+    assert 1 <= plan.lookahead < 16 and plan.samples_bytes() <= plan.budget // 4 < plan.samples_bytes(2 * plan.lookahead)
+    assert plan.describe()["composed"]["belady"]["superbatch"] == plan.lookahead
+
+
 def test_an_interrupted_run_stops_its_sampling_thread(fennel16, tmp_path, kill_at):
     kill_at(5)
     with pytest.raises(KeyboardInterrupt):

@@ -22,14 +22,14 @@ def test_defaults_that_fit_are_kept(fennel16):
 
 
 def test_a_policy_whose_defaults_do_not_fit_gets_the_fitting_grid_knobs_holding_the_most(fennel16):
-    cfg = _cfg(fennel16, memory_budget="8MB")
-    with pytest.raises(UserError):                 # composed's default superbatch 16 does not fit
-        make_plan(fennel16, cfg.replace(policy="composed"))
-    knobs, note = fitting_settings(fennel16, cfg, "composed")
+    cfg = _cfg(fennel16, memory_budget="4MB", superbatch=64)   # defaults fit now: a setting given that does not
+    with pytest.raises(UserError):
+        make_plan(fennel16, cfg.replace(policy="ginex"))
+    knobs, note = fitting_settings(fennel16, cfg, "ginex")
     fits = {}                                       # the oracle: every grid point, built and checked
-    for point in GRID["composed"]:
+    for point in GRID["ginex"]:
         try:
-            fits[tuple(point.items())] = make_plan(fennel16, cfg.replace(policy="composed", **point)).resident_bytes()
+            fits[tuple(point.items())] = make_plan(fennel16, cfg.replace(policy="ginex", **point)).resident_bytes()
         except UserError:
             pass
     assert fits and knobs == dict(max(fits, key=fits.get))

@@ -54,7 +54,7 @@ class ComposedPlan(SampleAheadPlan, HierBatchingPlan):
         self.induces = getattr(cfg, self.name).induced
         super().__init__(store, cfg)          # HierBatching's checks and buffers
         o = self.options
-        self.lookahead = o.superbatch or GinexPlan.default_size
+        self.lookahead = o.superbatch or self._default_superbatch()
         if self.history_ratio > 0:
             from ..models import hidden_width  # torch: imported when used, not with this module
             self.history = HistorySpec(int(self.history_ratio * store.num_nodes), hidden_width(cfg.model, cfg.hidden),
@@ -68,6 +68,11 @@ class ComposedPlan(SampleAheadPlan, HierBatchingPlan):
         from ..ahead import BeladyFetch  # torch: imported when used, not with this module
         self.fetcher = BeladyFetch(self.cache_rows)
         self._groups = (None, None)           # (epoch, its groups' ranges as (lo, hi) arrays)
+
+    def _default_superbatch(self) -> int:
+        """--superbatch 0: Ginex's 16, or the largest halving of it whose samples (two chunks ahead) take at
+        most a quarter of the budget: the rest is the mega-batches', the histories' and the Belady cache's."""
+        return next((s for s in (16, 8, 4, 2) if self.samples_bytes(s) <= self.budget // 4), 1)
 
     @property
     def history_ratio(self) -> float:

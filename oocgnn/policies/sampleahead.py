@@ -116,7 +116,8 @@ class GinexPlan(SampleAheadPlan):
     class Options:
         superbatch: int = setting(0, "S: mini-batches sampled ahead of each superbatch's gather (Ginex's "
                                      "artifact default is 1000, its samples on SSD; here they are in RAM); "
-                                     "0: 16 (ginex: or the largest halving of 16 the budget holds)")
+                                     "0: 16, or the largest halving of 16 the budget holds (composed: whose "
+                                     "samples take at most a quarter of the budget)")
 
         def __post_init__(self):
             if self.superbatch < 0:
