@@ -174,6 +174,8 @@ class StepCosts:
     compute_unit: str = "rows"
     bucket_edge_s: float = 0.0    # a buffer state's subgraph from its edge buckets, per edge (MariusGNN)
     slot_row_s: float = 0.0       # a partition read whole into a buffer slot, per row beyond its read (MariusGNN)
+    optimizer_step_s: float = 0.0 # the optimiser's step over every parameter, part of compute_step_s in the
+    #                               calibration runs (a step per batch); charged per optimizer step (`optsteps`)
 
     def load_seconds(self, df, plan=None) -> np.ndarray:
         """Per-batch CPU seconds of the residency changes made before it (their reads apart), and of the
@@ -190,11 +192,23 @@ class StepCosts:
         return load
 
     def batch_seconds(self, df) -> dict:
-        """Per-batch CPU seconds of a `simulate` frame, by stage."""
+        """Per-batch CPU seconds of a `simulate` frame, by stage; the optimiser's step is charged to the
+        batches that close an optimizer step (every batch, unless steps accumulate: `optsteps`)."""
         expanded, rows = _expanded(df), df["input_nodes"].to_numpy(float)
+        opt = min(self.optimizer_step_s, self.compute_step_s)
         return {"sample": self.sample_step_s + self.sample_s * expanded,
                 "gather": self.gather_step_s + self.gather_s * rows,
-                "compute": self.compute_step_s + self.compute_s * (expanded if self.compute_unit == "expanded" else rows)}
+                "compute": self.compute_step_s - opt + opt * closes_step(df)
+                + self.compute_s * (expanded if self.compute_unit == "expanded" else rows)}
+
+
+def closes_step(df) -> np.ndarray:
+    """1.0 where a `simulate` frame's batch ends its optimizer step (the next batch's `update` differs, or it
+    is the last), else 0.0; a frame without `update` steps per batch."""
+    if "update" not in df:
+        return np.ones(len(df))
+    u = df["update"].to_numpy()
+    return np.append(u[1:] != u[:-1], True).astype(float)
 
 
 def _group_starts(df) -> np.ndarray:
@@ -229,7 +243,7 @@ def _expanded(df) -> np.ndarray:
 
 
 def _calibration_key(store, cfg) -> str:
-    import torch
+    import torch  # torch: imported when used, not with this module
     parts = [CACHE_VERSION, store.meta.get("checksum", str(store.path)), cfg.model, cfg.hidden, cfg.fanouts,
              cfg.batch_size, cfg.sampler, cfg.device, cfg.precision, cfg.threads or torch.get_num_threads(),
              cfg.dropout]
@@ -312,7 +326,7 @@ def calibrate(store, cfg, steps=24, cache=None, refresh=False) -> StepCosts:
     q = pd.concat([p, grouped], ignore_index=True)
     c0, c1, unit = _fit_unit({"rows": q["rows"], "expanded": q["expanded"]}, q["compute"], q["run"])
     costs = StepCosts(s1, g1, c1, s0, g0, c0, load_row_s, subgraph_s, len(p), key, unit, _calibrate_buckets(store),
-                      _calibrate_slot_rows(store))
+                      _calibrate_slot_rows(store), _calibrate_optimizer_step(store, cfg))
     saved[key] = asdict(costs)
     _save(file, saved)
     return costs
@@ -338,6 +352,23 @@ def _calibrate_loads(store, run_cfg, cache) -> tuple:
     measured = pd.read_csv(Path(summary["run_dir"]) / "steps.csv")
     return (st.get("bg_load_cpu", 0.0) / max(rows, 1), st.get("bg_subgraph_cpu", 0.0) / max(nodes, 1),
             _points("grouped", df, measured))
+
+
+def _calibrate_optimizer_step(store, cfg, repeats=20) -> float:
+    """Seconds of one Adam step over `cfg`'s model (every parameter with a gradient): the median of
+    `repeats`, after two (its state allocated)."""
+    import torch  # torch: imported when used, not with this module
+    from .models import build_model  # torch: imported when used, not with this module
+    model = build_model(cfg.model, store.feat_dim, cfg.hidden, store.num_classes, cfg.layers, cfg.dropout)
+    opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+    for p in model.parameters():
+        p.grad = torch.randn_like(p)
+    times = []
+    for i in range(repeats + 2):
+        t = time.perf_counter()
+        opt.step()
+        times.append(time.perf_counter() - t)
+    return float(np.median(times[2:]))
 
 
 def _calibrate_buckets(store, repeats=3) -> float:
@@ -370,7 +401,7 @@ def _calibrate_slot_rows(store, nbytes=64 << 20, repeats=3) -> float:
     range of up to `nbytes` of feature rows read into one slot of a resident table (`buffer.read_into_slot`),
     timed with `time.thread_time` (the reads' system time and the copy, not the disk's wait); the median of
     `repeats` after one untimed round."""
-    import torch
+    import torch  # torch: imported when used, not with this module
     from .buffer import read_into_slot  # torch: imported when used, not with this module
     n = int(max(1, min(store.num_nodes, nbytes // store.row_stride)))
     reader = store.reader("direct")
@@ -397,7 +428,7 @@ def phases(plan, df) -> np.ndarray:
 
 
 def _model_on_gpu(cfg) -> bool:
-    import torch
+    import torch  # torch: imported when used, not with this module
     return cfg.device != "cpu" and torch.cuda.is_available()
 
 
@@ -405,7 +436,7 @@ def _model_cores(cfg) -> int:
     """Cores a CPU model's step keeps busy: its threads, at most the machine's. A background thread's
     `b` processor seconds take `b` core-seconds from that step, so delay it by `b / cores` (measured on
     2 cores: HierBatching's and MariusGNN's steps slowed by half their loader's CPU, not all of it)."""
-    import torch
+    import torch  # torch: imported when used, not with this module
     return max(1, min(int(cfg.threads or torch.get_num_threads()), os.cpu_count() or 1))
 
 

@@ -299,7 +299,7 @@ def simulate(store, plan, fanouts=None, epochs=1, seed=0, feature_cache=None, ne
     for items, fetch in walk:
         begin = res.fetch(fetch) if fetch is not None else None
         for k, (i, epoch, b, step, sample) in enumerate(items):
-            row = {"epoch": epoch, "batch": b, "group": step.group, "seeds": len(step.seeds),
+            row = {"epoch": epoch, "batch": b, "group": step.group, "update": step.update, "seeds": len(step.seeds),
                    "visible_nodes": store.num_nodes if step.visible is None else len(step.visible)}
             load = loads.pop(i)
             if k == 0 and begin is not None:

@@ -53,6 +53,29 @@ def test_fit_recovers_step_and_unit_costs():
     assert costmodel._fit([1000, 4000], [0.1, 1.0], [0, 1]) == (0.0, pytest.approx(1.1 / 5000))   # constant < 0
 
 
+def test_the_optimizers_step_is_charged_per_optimizer_step(fennel16):
+    """Accumulated steps (`--accumulate on`) take the optimiser's step once per optimizer step, not per
+    mini-batch: the compute predicted differs by exactly the steps saved; the simulator's `update` column is
+    the plan's."""
+    cfg = _cfg(fennel16, policy="hierbatching", memory_budget="3MB", parts_per_megabatch=2)
+    costs = StepCosts(0.0, 0.0, 0.0, compute_step_s=1e-3, optimizer_step_s=4e-4)
+    got = {}
+    for acc in ("off", "on"):
+        plan = make_plan(fennel16, cfg.replace(accumulate=acc))
+        df = simulate(fennel16, plan, epochs=1, progress=False)
+        assert list(df["update"]) == [step.update for _, _, step in plan.steps(1)]
+        got[acc] = (costmodel.predict(fennel16, plan, RATES, costs, df=df)["compute"], len(df), df["update"].nunique())
+    (off, batches, updates_off), (on, _, updates_on) = got["off"], got["on"]
+    assert updates_off == batches > updates_on > 1
+    assert off == pytest.approx(batches * 1e-3) and off - on == pytest.approx((batches - updates_on) * 4e-4)
+    assert StepCosts(0.0, 0.0, 0.0, compute_step_s=1e-4, optimizer_step_s=4e-4).batch_seconds(df)["compute"].min() >= 0
+
+
+def test_calibration_measures_the_optimizers_step(fennel16):
+    s = costmodel._calibrate_optimizer_step(fennel16, _cfg(fennel16, hidden=64), repeats=3)
+    assert 0 < s < 1
+
+
 def test_batch_seconds_adds_the_constant(fennel16):
     df = simulate(fennel16, make_plan(fennel16, _cfg(fennel16)), epochs=1, progress=False)
     c = StepCosts(1e-6, 2e-6, 3e-6, 0.01, 0.02, 0.03)
