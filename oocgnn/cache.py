@@ -7,9 +7,11 @@ iteration-granular protocol (Ginex §3.4): hits_i = |ids_i ∩ C_i|; C_{i+1} ⊆
 - `static-degree` (PaGraph: top degrees, prefetched), `static-frequency` (OUTRE §2.7: top
   profiled counts, filled lazily: a first access is a miss), `lru`, `fifo`, `clock`, `random`,
   `s3fifo` (Yang et al., SOSP'23: small FIFO 10 %, main FIFO with a 2-bit counter, ghost FIFO
-  of the main's size), `belady` (Ginex: over a horizon of S iterations with a prefetched init per
-  superbatch, or the whole trace; `prefetch=False` starts cold), and `page-lru`: an LRU over
-  4 KiB pages whose capacity is in pages, the OS page cache under mmap.
+  of the main's size), `sieve` (Zhang et al., NSDI'24: one FIFO queue with a visited bit, a hand
+  from the oldest evicts the first unvisited; GraphBolt's CPU feature cache default), `belady`
+  (Ginex: over a horizon of S iterations with a prefetched init per superbatch, or the whole
+  trace; `prefetch=False` starts cold), and `page-lru`: an LRU over 4 KiB pages whose capacity
+  is in pages, the OS page cache under mmap.
 - A byte budget buys `capacity_from_budget` rows: the N × 4-byte slot table is paid first
   (Ginex and OUTRE count it); `page-lru` gets budget // 4096 pages.
 - Rows missed in an iteration are read as their distinct 4 KiB pages (store layout from the
@@ -372,6 +374,68 @@ class S3FIFOCache(CachePolicy):
         return np.flatnonzero((self.where == 1) | (self.where == 2))
 
 
+# ---- SIEVE ---------------------------------------------------------------------------------
+@numba.njit(cache=True)
+def _sieve(offsets, ids, lo, hi, nxt, prv, held, visited, st, cap, stride, rbytes, hits, pages):
+    """SIEVE (Zhang et al. NSDI'24, Fig. 3): a hit sets the visited bit, a miss enters at the head. To
+    evict, the hand walks from the tail (oldest) toward the head, wrapping, clearing visited bits; the
+    first unvisited object goes, the hand stays at its newer neighbour. One intrusive list with the
+    sentinel len(held): nxt runs from it to the newest, prv to the oldest; a hand at it starts at the tail."""
+    sentinel = len(held)
+    size, hand = st[0], st[1]
+    miss = np.empty(0 if hi <= lo else np.max(offsets[lo + 1:hi + 1] - offsets[lo:hi]), np.int64)
+    for i in range(lo, hi):
+        h, pg, last, nm = 0, 0, -1, 0
+        for p in range(offsets[i], offsets[i + 1]):
+            v = np.int64(ids[p])
+            if held[v]:
+                h += 1
+                visited[v] = 1
+            else:
+                k, last = new_pages(v, last, stride, rbytes)
+                pg += k
+                miss[nm] = v
+                nm += 1
+        hits[i - lo], pages[i - lo] = h, pg
+        for m in range(nm if cap > 0 else 0):
+            v = miss[m]
+            if size < cap:
+                size += 1
+            else:
+                u = np.int64(prv[sentinel] if hand == sentinel else hand)
+                while visited[u]:
+                    visited[u] = 0
+                    u = prv[u]
+                    if u == sentinel:
+                        u = prv[sentinel]
+                hand = prv[u]
+                _unlink(nxt, prv, u)
+                held[u] = 0
+            _push(nxt, prv, sentinel, v)
+            held[v], visited[v] = 1, 0
+    st[0], st[1] = size, hand
+
+
+class SieveCache(CachePolicy):
+    """SIEVE: FIFO order with lazy promotion (a visited bit, no move on a hit) and quick demotion (new
+    objects meet the hand before the survivors behind it)."""
+    name = "sieve"
+
+    def reset(self):
+        n = self.num_nodes
+        self.nxt = np.full(n + 1, n, np.int32)         # the sentinel n linked to itself: an empty queue
+        self.prv = self.nxt.copy()
+        self.held, self.visited = np.zeros(n, np.uint8), np.zeros(n, np.uint8)
+        self.st = np.array([0, n], np.int64)           # size, hand (at the sentinel: start at the tail)
+
+    def _run(self, lo, hi, hits, pages, init):
+        _sieve(self.offsets, self.ids, lo, hi, self.nxt, self.prv, self.held, self.visited, self.st,
+               self.capacity, *self.layout, hits, pages)
+
+    def contents(self):
+        return np.flatnonzero(self.held)
+
+
 # ---- static caches -------------------------------------------------------------------------
 @numba.njit(cache=True)
 def _static(offsets, ids, lo, hi, member, inc, stride, rbytes, hits, pages):
@@ -469,7 +533,7 @@ class BeladyCache(CachePolicy):
 
 
 CACHE_POLICIES = {c.name: c for c in (DegreeCache, FrequencyCache, LRUCache, FIFOCache, ClockCache,
-                                      S3FIFOCache, RandomCache, BeladyCache, PageLRUCache)}
+                                      S3FIFOCache, SieveCache, RandomCache, BeladyCache, PageLRUCache)}
 
 
 def make_cache(name, capacity, num_nodes, **kw) -> CachePolicy:

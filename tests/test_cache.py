@@ -10,12 +10,12 @@ from oocgnn.cache import CACHE_POLICIES, capacity_from_budget, make_cache, repla
 from oocgnn.macrobatch import macrobatch_fetch
 from oocgnn.errors import UserError
 from oocgnn.io import PAGE
-from oocgnn.trace import Trace
+from oocgnn.trace import Trace, synthetic_trace
 
 N = 40
-ONLINE = ("lru", "fifo", "clock", "s3fifo", "random", "static-degree", "static-frequency")
+ONLINE = ("lru", "fifo", "clock", "s3fifo", "sieve", "random", "static-degree", "static-frequency")
 VARIANTS = [("static-degree", {}), ("static-degree", {"fill": "lazy"}), ("static-frequency", {}),
-            ("lru", {}), ("fifo", {}), ("clock", {}), ("s3fifo", {}), ("random", {"seed": 3}),
+            ("lru", {}), ("fifo", {}), ("clock", {}), ("s3fifo", {}), ("sieve", {}), ("random", {"seed": 3}),
             ("belady", {}), ("belady", {"prefetch": False}), ("belady", {"horizon": 4}),
             ("belady", {"horizon": 3, "prefetch": False}), ("page-lru", {})]
 HYPO = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -108,6 +108,55 @@ def test_lru_fifo_page_lru_match_ordered_dict(cap, stride, rbytes):
         assert np.array_equal(r.per_iteration.hits, want_hits), name
         if paged:
             assert np.array_equal(r.per_iteration.pages_read, want_pages)
+
+
+def _sieve_oracle(trace, cap):
+    """SIEVE as in Zhang et al. NSDI'24, Fig. 3, on a list (queue[0]: the tail, the oldest) at iteration
+    granularity: hits against C_i set visited bits, then the misses enter in id order."""
+    queue, visited, hand, hits = [], {}, None, []          # hand: an object, None = start at the tail
+    for ids in trace.iterations():
+        missed = [v for v in ids.tolist() if v not in visited]
+        hits.append(len(ids) - len(missed))
+        for v in ids.tolist():
+            if v in visited:
+                visited[v] = True
+        for v in missed if cap > 0 else []:
+            if len(queue) == cap:
+                j = 0 if hand is None else queue.index(hand)
+                while visited[queue[j]]:
+                    visited[queue[j]] = False
+                    j = (j + 1) % len(queue)
+                hand = queue[j + 1] if j + 1 < len(queue) else None
+                del visited[queue.pop(j)]
+            queue.append(v)
+            visited[v] = False
+    return np.array(hits, np.int64), sorted(queue)
+
+
+@pytest.mark.parametrize("cap", [0, 1, 2, 5, 13, 40, 200])
+def test_sieve_matches_reference(cap):
+    """Per-iteration hits and the final contents equal the paper's SIEVE, on skewed random traces and
+    Zipf-like ones; capacities from 0 to past every distinct id (then each row misses once)."""
+    traces = [random_trace(20 + s, n=120, t=40, hi=20) for s in range(3)]
+    traces += [synthetic_trace(150, 40, size, alpha, seed) for size, alpha, seed in ((8, 0.8, 1), (30, 1.2, 2))]
+    for tr in traces:
+        want_hits, want_contents = _sieve_oracle(tr, cap)
+        p = CACHE_POLICIES["sieve"](cap, tr.num_nodes)
+        r = replay(tr, p, per_iteration=True)
+        assert np.array_equal(r.per_iteration.hits, want_hits)
+        assert p.contents().tolist() == want_contents
+        if cap >= len(np.unique(tr.ids)):
+            assert r.misses == len(np.unique(tr.ids))
+
+
+def test_sieve_demotes_new_rows_before_the_survivors_behind_its_hand():
+    """Capacity 3, one id per iteration. 4 is visited; 1's miss clears it and evicts 0, the hand stays on 2;
+    3, 2, 1 then evict 2, 1, 3, the newer rows ahead of the hand, so only 4's access hits (CLOCK hits 2)."""
+    tr = Trace.from_batches([[v] for v in (4, 0, 4, 2, 1, 3, 2, 1)], 5)
+    p = CACHE_POLICIES["sieve"](3, 5)
+    r = replay(tr, p, per_iteration=True)
+    assert r.per_iteration.hits.tolist() == [0, 0, 1, 0, 0, 0, 0, 0] and p.contents().tolist() == [1, 2, 4]
+    assert replay(tr, CACHE_POLICIES["clock"](3, 5)).hits == 2
 
 
 def test_page_lru_budget_is_pages_and_counts_whole_pages():
