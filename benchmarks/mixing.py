@@ -7,7 +7,9 @@ fits it (N_D = 0: the default, what the budget allows), and `outre` with its def
 parts store if asked. Each row gives the plan's mixing
 (`oocgnn.mixing`: parts per mega-batch, mean and worst label TV distance; no I/O), test accuracy at
 the best validation step (mean ± std over --seeds) and its difference from inmemory's, and whether
-the run warned. The thresholds of `oocgnn.mixing` (MIN_PARTS, MAX_TV) were read off this table.
+the run warned, with the statistic it warns on: the excess of a group's distance over a random draw of as
+many labelled nodes (`tv_random`), times the optimizer steps taken in a group (`drift`, warned above
+`oocgnn.mixing.MAX_DRIFT`, which was read off this table and issue 37's 7-seed runs).
 A seed's run already finished under --data with the same settings is reused, not trained again
 (a table re-run after a stop, or with rows added; on the CPU a seed's run is deterministic).
 
@@ -208,7 +210,8 @@ def main(argv=None):
                                     **({"parts_per_megabatch": n_d} if n_d else {}), **knobs)
                     ref = table.ok(ref_key)                  # no reference: no delta (the end says why)
                     out = {**row, "groups": mix["groups"], "parts_mean": mix["parts_mean"],
-                           "tv_mean": mix["tv_mean"], "tv_max": mix["tv_max"], "acc": np.mean(accs),
+                           "tv_mean": mix["tv_mean"], "tv_max": mix["tv_max"], "tv_random": mix["tv_random"],
+                           "steps_per_group": mix["steps_per_group"], "drift": mix["drift"], "acc": np.mean(accs),
                            "std": np.std(accs), "delta": np.mean(accs) - ref["acc"] if ref else None,
                            "warns": bool(mix["warning"])}
                     print(out, flush=True)

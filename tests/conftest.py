@@ -50,6 +50,20 @@ def fennel16(tmp_path_factory, tiny_data):
                        part_offsets=offsets, partitioner="fennel", progress=False)
 
 
+@pytest.fixture(scope="session")
+def by_label(tiny_data, tmp_path_factory):
+    """The tiny graph in an order that follows the labels (parts of few classes, like METIS's on a
+    homophilous graph), cut into 16 uneven parts."""
+    import numpy as np
+    from oocgnn.store import write_store
+    n = tiny_data.num_nodes
+    noise = np.random.default_rng(3).random(n)
+    order = np.lexsort((noise, np.asarray(tiny_data.labels))).astype(np.int64)
+    cuts = np.sort(np.random.default_rng(4).choice(np.arange(1, n), 15, replace=False))
+    return write_store(tiny_data, tmp_path_factory.mktemp("stores") / "bylabel", order=order,
+                       part_offsets=np.concatenate([[0], cuts, [n]]), progress=False)
+
+
 @pytest.fixture
 def kill_at(monkeypatch):
     """`kill_at(t)`: training raises KeyboardInterrupt at its mini-batch t, counted from 0 when armed (a

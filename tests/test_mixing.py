@@ -5,21 +5,8 @@ import numpy as np
 import pytest
 
 from oocgnn.config import TrainConfig
-from oocgnn.mixing import MAX_TV, MIN_PARTS, check, group_stats, mixing, random_draw_tv
+from oocgnn.mixing import MAX_DRIFT, MIN_PARTS, check, group_stats, mixing, random_draw_tv
 from oocgnn.policies import HierBatchingPlan, make_plan
-
-
-@pytest.fixture(scope="module")
-def by_label(tiny_data, tmp_path_factory):
-    """The tiny graph in an order that follows the labels (parts of few classes, like METIS's on a
-    homophilous graph), cut into 16 uneven parts."""
-    from oocgnn.store import write_store
-    n = tiny_data.num_nodes
-    noise = np.random.default_rng(3).random(n)
-    order = np.lexsort((noise, np.asarray(tiny_data.labels))).astype(np.int64)
-    cuts = np.sort(np.random.default_rng(4).choice(np.arange(1, n), 15, replace=False))
-    return write_store(tiny_data, tmp_path_factory.mktemp("stores") / "bylabel", order=order,
-                       part_offsets=np.concatenate([[0], cuts, [n]]), progress=False)
 
 
 def _cfg(store, tmp_path, **kw):
@@ -29,10 +16,12 @@ def _cfg(store, tmp_path, **kw):
 
 
 def _brute_force(store, plan):
-    """Per group of epoch 0's steps: (training nodes, parts, TV), by Python loops over the steps' seeds."""
-    seeds = {}
+    """Per group of epoch 0's steps: (training nodes, parts, TV, optimizer steps), by Python loops over the
+    steps' seeds."""
+    seeds, updates = {}, {}
     for e, _, step in plan.steps(1):
         seeds.setdefault(step.group, set()).update(int(s) for s in step.seeds)
+        updates.setdefault(step.group, set()).add(step.update)
     off, labels = [int(o) for o in store.part_offsets], [int(x) for x in store.labels]
     whole = Counter(labels[i] for i in store.train_idx)
     total = sum(whole.values())
@@ -42,7 +31,7 @@ def _brute_force(store, plan):
         parts = {next(k for k in range(len(off) - 1) if off[k] <= i < off[k + 1]) for i in nodes}
         mine = Counter(labels[i] for i in nodes)
         tv = 0.5 * sum(abs(mine[c] / len(nodes) - whole[c] / total) for c in set(whole) | set(mine))
-        out.append((len(nodes), len(parts), tv))
+        out.append((len(nodes), len(parts), tv, len(updates[g])))
     return out
 
 
@@ -65,6 +54,9 @@ def test_group_stats_match_a_brute_force_count_of_the_step_stream(by_label, tmp_
     assert m["tv_mean"] == pytest.approx(np.average([x[2] for x in want], weights=w), abs=1e-4)
     assert m["tv_max"] == pytest.approx(max(x[2] for x in want), abs=1e-4)
     assert m["parts_min"] == min(x[1] for x in want)
+    assert got["steps"].tolist() == [w[3] for w in want]
+    excess = np.array([x[2] for x in want]) - got["tv_random"].to_numpy()
+    assert m["drift"] == pytest.approx(np.average(excess * [x[3] for x in want], weights=w), abs=1e-4)
     if policy == "inmemory":               # one group: the training set itself
         assert len(want) == 1 and m["tv_mean"] == 0 and m["warning"] == ""
 
@@ -83,22 +75,24 @@ def test_a_random_draws_distance_is_the_mean_over_every_draw():
     assert random_draw_tv(7, [0, 4, 0]) == 0.0                      # one class: every draw is exact
 
 
-def test_the_warning_says_when_more_parts_cannot_help():
-    """Groups whose few training nodes each come from their own part (a given split's 20 labels per
-    class) are told that more parts cannot mix them, with a random draw's distance; groups of too few
-    parts are told how many parts give N_d = MIN_PARTS at this budget's share; groups of enough parts
-    but far labels, twice the parts."""
+def test_the_warning_fires_on_drift_and_says_when_more_parts_cannot_help():
+    """It fires when groups are farther from the training set than random draws of their size, over
+    enough consecutive steps (drift above MAX_DRIFT), whatever their parts or raw distance; groups whose
+    few training nodes each come from their own part are told that more parts cannot mix them; groups of
+    too few parts how many parts give N_d = MIN_PARTS at this budget's share; groups of enough parts but
+    far labels, twice the parts."""
     from types import SimpleNamespace
     plan = SimpleNamespace(name="hierbatching", num_groupable=128, n_d=8)
-    sparse = {"groups": 8, "train_mean": 15.0, "parts_mean": 15.1, "parts_min": 12, "tv_mean": 0.27,
-              "tv_max": 0.4, "tv_random": 0.24}
+    sparse = {"groups": 8, "train_mean": 15.0, "parts_mean": 15.1, "parts_min": 12, "tv_mean": 0.47,
+              "tv_max": 0.6, "tv_random": 0.24, "steps_per_group": 2.0, "drift": 0.46}
     line = check(sparse, plan)
-    assert "cannot mix it further" in line and "0.24" in line and "--parts" not in line
+    assert "cannot mix it further" in line and "0.24" in line and "--parts" not in line and "--accumulate on" in line
+    assert check({**sparse, "drift": MAX_DRIFT}, plan) == ""        # as far as random draws: quiet
+    assert check({**sparse, "groups": 1}, plan) == ""
     clustered = {**sparse, "train_mean": 200.0, "parts_mean": 4.0}
     assert f"prepare --parts {128 * MIN_PARTS // 8} or more" in check(clustered, plan)
-    far = {**clustered, "parts_mean": 20.0, "tv_mean": 0.3}          # enough parts, far labels: twice as many
+    far = {**clustered, "parts_mean": 20.0}                         # enough parts, far labels: twice as many
     assert "prepare --parts 256 or more" in check(far, plan)
-    assert check({**far, "tv_mean": MAX_TV}, plan) == ""
     # labelled nodes in few of the parts (n_d 19 of 128: MIN_PARTS would need 108 < 128): never advise fewer
     # parts than the store has (cora's given split was told 108)
     wide = SimpleNamespace(name="hierbatching", num_groupable=128, n_d=19)
@@ -111,10 +105,9 @@ def test_groups_of_more_parts_mix_better(by_label, tmp_path):
     follows the thresholds."""
     small, large = (mixing(make_plan(by_label, _cfg(by_label, tmp_path, policy="hierbatching",
                                                     parts_per_megabatch=k))) for k in (2, 16))
-    assert small["tv_mean"] > large["tv_mean"]
+    assert small["tv_mean"] > large["tv_mean"] and small["drift"] > MAX_DRIFT
     assert small["parts_mean"] < MIN_PARTS and "--parts-per-megabatch" in small["warning"]
     assert large["groups"] == 1 and large["warning"] == ""
-    assert (large["tv_mean"] > MAX_TV) is False
 
 
 def _train_cli(store, tmp_path, capsys, *flags):
@@ -125,9 +118,9 @@ def _train_cli(store, tmp_path, capsys, *flags):
     return capsys.readouterr()
 
 
-def test_the_warning_fires_on_16_parts_in_pairs_and_not_with_the_defaults(fennel16, tmp_path, capsys):
+def test_the_warning_fires_on_16_parts_in_pairs_and_not_with_the_defaults(fennel16, by_label, tmp_path, capsys):
     import json
-    bad = _train_cli(fennel16, tmp_path, capsys, "--parts-per-megabatch", "2", "--accumulate", "off")
+    bad = _train_cli(by_label, tmp_path, capsys, "--parts-per-megabatch", "2", "--accumulate", "off")
     lines = [line for line in bad.err.splitlines() if "mix poorly" in line]
     assert len(lines) == 1 and lines[0].startswith("oocgnn: warning: hierbatching") and "--parts-per-megabatch" in lines[0]
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())

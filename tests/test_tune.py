@@ -31,17 +31,18 @@ def test_candidates_fit_the_budget_or_say_why(fennel16):
     assert hb.knobs.map(lambda k: json.loads(k)["parts_per_megabatch"]).nunique() <= 3
 
 
-def test_candidates_never_propose_a_plan_that_warns(fennel16):
-    """Mega-batches of few parts fit the budget but mix poorly: the tuner drops them with the reason."""
+def test_candidates_never_propose_a_plan_that_warns(by_label):
+    """Mega-batches of few parts (of a store ordered by label) fit the budget but mix poorly: the tuner drops
+    them with the reason."""
     from oocgnn.mixing import mixing
-    cfg = _cfg(fennel16, memory_budget="2MB")
-    df = candidates(fennel16, cfg, policies=["hierbatching", "composed", "outre", "marius"])
+    cfg = _cfg(by_label, memory_budget="2MB")
+    df = candidates(by_label, cfg, policies=["hierbatching", "composed", "outre", "marius"])
     for _, r in df[df.fits].iterrows():
-        assert mixing(make_plan(fennel16, cfg.replace(policy=r.policy, **json.loads(r.knobs))))["warning"] == "", r.config
+        assert mixing(make_plan(by_label, cfg.replace(policy=r.policy, **json.loads(r.knobs))))["warning"] == "", r.config
     poor = df[df.reason.str.startswith("mixes poorly")]
     assert len(poor), df[["config", "fits", "reason"]]
     for _, r in poor.iterrows():                   # each would warn, and would fit the budget
-        plan = make_plan(fennel16, cfg.replace(policy=r.policy, **json.loads(r.knobs)))
+        plan = make_plan(by_label, cfg.replace(policy=r.policy, **json.loads(r.knobs)))
         assert mixing(plan)["warning"] and plan.resident_bytes() <= plan.budget
 
 
