@@ -55,8 +55,9 @@ def test_group_stats_match_a_brute_force_count_of_the_step_stream(by_label, tmp_
     assert m["tv_max"] == pytest.approx(max(x[2] for x in want), abs=1e-4)
     assert m["parts_min"] == min(x[1] for x in want)
     assert got["steps"].tolist() == [w[3] for w in want]
-    excess = np.array([x[2] for x in want]) - got["tv_random"].to_numpy()
-    assert m["drift"] == pytest.approx(np.average(excess * [x[3] for x in want], weights=w), abs=1e-4)
+    steps = np.array([x[3] for x in want], float)        # a bias repeats per step, a random draw's deviation not
+    drift = np.array([x[2] for x in want]) * steps - got["tv_random"].to_numpy() * np.sqrt(steps)
+    assert m["drift"] == pytest.approx(np.average(drift, weights=w), abs=1e-4)
     if policy == "inmemory":               # one group: the training set itself
         assert len(want) == 1 and m["tv_mean"] == 0 and m["warning"] == ""
 
