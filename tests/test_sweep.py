@@ -126,13 +126,13 @@ def test_figure_explorer_redraws_and_reports_errors():
     assert c["status"].value == "" and len(c["output"].outputs) == 1
 
 
-def test_widget_warns_before_a_sweep_of_values_that_mix_poorly(fennel16, tmp_path):
-    """Mega-batches of 2 of 16 parts, a step per mini-batch, warn (one line, before the runs); the table carries
-    the mixing."""
+def test_widget_warns_before_a_sweep_of_values_that_mix_poorly(by_label, tmp_path):
+    """Mega-batches of 2 of 16 parts of a store ordered by label, a step per mini-batch, warn (one line, before
+    the runs); the table carries the mixing."""
     import matplotlib
     matplotlib.use("Agg")
     from oocgnn.widgets import sweep_widget
-    base = TrainConfig(store=str(fennel16.path), policy="hierbatching", epochs=1, max_steps=2, batch_size=64,
+    base = TrainConfig(store=str(by_label.path), policy="hierbatching", epochs=1, max_steps=2, batch_size=64,
                        max_eval_nodes=50, progress=False, accumulate="off")
     box = sweep_widget(base, {"parts_per_megabatch": [2, 16]}, out_root=tmp_path)
     box.controls["run"].click()
