@@ -26,6 +26,9 @@ small subset and excluded from train time):
                    marius-beta: BETA states (Marius) instead
 
 All configurations run on the same partition-ordered store, so every policy reads the same bytes.
+With --feature-dtypes float32,int8 (or float16) every configuration also runs on a store of the same graph
+and order whose rows are compressed (`prepare --feature-dtype`, F2CGT), named <config>@int8, in the same
+rounds; the ratios compare each with its float32 run.
 With --reps R the configurations run in R interleaved rounds and each is represented by its round
 with the median epoch time (shared CPUs and disk make single runs noisy).
 Prints a table (steps, epoch and per-step seconds, stage seconds, bytes read, achieved MB/s against
@@ -35,6 +38,7 @@ ginex faster than mmap (Ginex saw 2.11x on average, 2.67x at most, over PyG+ on 
 
     .venv/bin/python benchmarks/train.py [--preset large] [--parts 4096] [--budget 1GB] [--steps 30]
         [--policies inmemory,mmap,hierbatching,hierbatching-p1,outre,ginex,macrobatch] [--reps 3] [--keep]
+        [--feature-dtypes float32,int8]
 """
 import argparse
 import importlib.util
@@ -70,6 +74,11 @@ VARIANTS = {              # the baselines keep the topology in memory whatever -
     "marius-beta": ("marius", {"ordering": "beta", "physical_parts": 64}),
     "composed": ("composed", {**PAPER, "passes": 2.0, "history_ratio": 0.1}),
 }
+
+
+def variant(config):
+    """(policy, overrides) of a configuration's name, `name` or `name@dtype` (the same on a compressed store)."""
+    return VARIANTS[config.split("@")[0]]
 
 
 def library_default(name):
@@ -140,22 +149,24 @@ def parse_prepare_log(text):
     return secs, rss, wall
 
 
-def ensure_store(preset, parts, data_dir: Path):
-    """data/<preset>-fennel-<parts>: reused if present, else prepared (time and peak RSS logged)."""
+def ensure_store(preset, parts, data_dir: Path, feature_dtype="float32"):
+    """data/<preset>-fennel-<parts>[-<dtype>]: reused if present, else prepared (time and peak RSS logged)."""
     from oocgnn.store import open_store
-    path = data_dir / f"{preset}-fennel-{parts}"
+    path = data_dir / (f"{preset}-fennel-{parts}" + ("" if feature_dtype == "float32" else f"-{feature_dtype}"))
     log = data_dir / "bench" / f"prepare-{path.name}.log"
     if (path / "meta.json").is_file():
         store = open_store(path, verify=False)
-        if store.num_parts != parts or store.meta["partitioner"] != "fennel":
-            raise SystemExit(f"{path} holds {store.meta['partitioner']} with {store.num_parts} parts, "
-                             f"not fennel with {parts}; remove it or choose another --parts")
+        if store.num_parts != parts or store.meta["partitioner"] != "fennel" or store.feature_dtype != feature_dtype:
+            raise SystemExit(f"{path} holds {store.meta['partitioner']} with {store.num_parts} parts of "
+                             f"{store.feature_dtype} rows, not fennel with {parts} of {feature_dtype}; remove it "
+                             "or choose another --parts")
         secs, rss, wall = parse_prepare_log(log.read_text()) if log.is_file() else (None, None, None)
         print(f"reusing {path}" + (f" (prepared earlier: {secs:.0f} s, peak RSS {fmt_bytes(rss)}; "
                                    f"log {log})" if secs else ""), flush=True)
         return store, {"reused": True, "seconds": secs, "peak_rss": rss, "wall": wall}
     cmd = [sys.executable, "-m", "oocgnn", "prepare", "synthetic", "--preset", preset,
-           "--partitioner", "fennel", "--parts", str(parts), "--out", str(path), "--quiet"]
+           "--partitioner", "fennel", "--parts", str(parts), "--out", str(path), "--quiet",
+           "--feature-dtype", feature_dtype]
     if os.path.exists("/usr/bin/time"):
         cmd = ["/usr/bin/time", "-v"] + cmd
     print(f"preparing {path} (this takes a while on `large`): {' '.join(cmd)}", flush=True)
@@ -295,7 +306,7 @@ def derive(res, limits):
     mbs_io = sio["bytes_read"] / MiB / sio["seconds"] if sio["seconds"] > 0 else 0.0
     mbs_train = sio["bytes_read"] / MiB / span_s if span_s > 0 else 0.0
     iops_io = sio["pages"] / sio["seconds"] if sio["seconds"] > 0 else 0.0
-    sequential = VARIANTS[res["name"]][0] in ("hierbatching", "marius")
+    sequential = variant(res["name"])[0] in ("hierbatching", "marius")
     vs_limit = (mbs_io / limits["seq_mib_s"] if sequential else iops_io / limits["rand_iops"]) if sio["bytes_read"] else None
     cap = s.get("memory_cap") or {}
     return {"sim_exec": sim_verdict(res.get("simulated")), "sim_pairs": (res.get("simulated") or {}).get("pairs"),
@@ -372,6 +383,9 @@ def main(argv=None):
                     help="marius p: physical partitions, the store's parts grouped, for every configuration "
                          f"(default: each variant's, 64 for marius, else the library's "
                          f"{library_default('physical_parts')}; c from the budget)")
+    ap.add_argument("--feature-dtypes", default="float32",
+                    help="comma-separated: the stores' row encodings (prepare --feature-dtype), each configuration "
+                         "runs on each; the first is the reference (default float32)")
     ap.add_argument("--batch-size", type=int, default=1024, help="mini-batch size (default 1024)")
     ap.add_argument("--topology", default="auto",
                     help="where the out-of-core configurations keep the neighbour lists: memory | disk | auto "
@@ -423,7 +437,19 @@ def main(argv=None):
     t_all = time.perf_counter()
     print(f"loadavg at start: {loadavg()}  (cpus {os.cpu_count()})", flush=True)
 
-    store, prep = ensure_store(args.preset, args.parts, data_dir)
+    dtypes = [d.strip() for d in args.feature_dtypes.split(",") if d.strip()]
+    if not dtypes or any(d not in ("float32", "float16", "int8") for d in dtypes) or len(set(dtypes)) < len(dtypes):
+        ap.error(f"--feature-dtypes takes distinct float32, float16, int8; got {args.feature_dtypes!r}")
+    stores = {}
+    for dtype in dtypes[1:]:
+        stores[dtype] = ensure_store(args.preset, args.parts, data_dir, dtype)[0]
+    store, prep = ensure_store(args.preset, args.parts, data_dir, dtypes[0])
+    stores[dtypes[0]] = store
+    for dtype, other in stores.items():
+        if dtype != dtypes[0]:
+            print(f"  {other.path.name}: {dtype} rows of {other.row_bytes} B at stride {other.row_stride} "
+                  f"(the reference: {store.row_bytes} B at {store.row_stride}), features "
+                  f"{fmt_bytes(other.num_nodes * other.row_stride)}", flush=True)
     feat_bytes = store.num_nodes * store.row_stride
     sizes = [int(x) for x in __import__("numpy").diff(store.part_offsets)]
     print(f"{store.path.name}: N={store.num_nodes:,} E={store.num_edges:,} D={store.feat_dim}, "
@@ -452,43 +478,46 @@ def main(argv=None):
              if v is not None}                    # flags given override every variant's pinned value
     megabatches = {}                              # r_s -> N_d, or the UserError saying none fits
 
-    def n_d_for(cfg):
-        r_s = cfg.get("static_ratio", library_default("static_ratio"))
-        if r_s not in megabatches:
+    def n_d_for(cfg, dtype):
+        key = (cfg.get("static_ratio", library_default("static_ratio")), dtype)
+        if key not in megabatches:
             try:
-                megabatches[r_s] = args.parts_per_megabatch or choose_megabatch(store, cfg)
+                megabatches[key] = args.parts_per_megabatch or choose_megabatch(stores[dtype], cfg)
             except UserError as e:                # the configurations with mega-batches are rows saying so
-                megabatches[r_s] = e
-        return megabatches[r_s]
-    for name in names:
-        if VARIANTS[name][0] in ("hierbatching", "composed"):
-            n_d_for({**base, **VARIANTS[name][1], **given})
-    mega = ", ".join(f"r_s={r} N_d={'none fits' if isinstance(v, UserError) else v}" for r, v in megabatches.items())
+                megabatches[key] = e
+        return megabatches[key]
+    configs = [(name if dtype == dtypes[0] else f"{name}@{dtype}", dtype) for dtype in dtypes for name in names]
+    for name, dtype in configs:
+        if variant(name)[0] in ("hierbatching", "composed"):
+            n_d_for({**base, **variant(name)[1], **given, "store": str(stores[dtype].path)}, dtype)
+    mega = ", ".join(f"r_s={r}{'' if d == dtypes[0] else ' ' + d} N_d={'none fits' if isinstance(v, UserError) else v}"
+                     for (r, d), v in megabatches.items())
     print(f"training ({', '.join(names)}; {args.model} {args.fanouts}, batch {args.batch_size}, budget {args.budget}, "
           f"device {args.device}, precision {args.precision}, "
           f"topology {args.topology}" + (f", hierbatching {mega}" if mega else "") + ") ...", flush=True)
-    results = {name: [] for name in names}
-    running = list(names)                         # a configuration that failed runs no further round
+    results = {name: [] for name, _ in configs}
+    running = list(configs)                       # a configuration that failed runs no further round
     for rep in range(args.reps):                  # rounds interleave the configurations: noise hits all
         if args.reps > 1:
             print(f" round {rep + 1} of {args.reps}", flush=True)
-        for name in list(running):
-            policy, over = VARIANTS[name]
-            cfg = {**base, **over, **given, "policy": policy, "out": str(out_dir / name)}
+        for name, dtype in list(running):
+            policy, over = variant(name)
+            cfg = {**base, **over, **given, "policy": policy, "out": str(out_dir / name),
+                   "store": str(stores[dtype].path)}
 
             def one():
                 if policy in ("hierbatching", "composed"):
-                    n_d = n_d_for(cfg)
+                    n_d = n_d_for(cfg, dtype)
                     if isinstance(n_d, UserError):
                         raise n_d
                     cfg["parts_per_megabatch"] = n_d
-                res = run_config(name, cfg, args.steps if name in limited else 0, out_dir, args.check_simulated)
+                res = run_config(name, cfg, args.steps if name.split("@")[0] in limited else 0, out_dir, args.check_simulated)
                 row = derive(res, limits)         # the CSV's row until the limits measured after the runs
                 results[name].append(res)
                 return {k: v for k, v in row.items() if k != "config"}
 
             if not table.run(name, one, rounds=rep + 1):
-                running.remove(name)
+                running.remove((name, dtype))
                 results[name] = []
     print("measuring device limits again ...", flush=True)
     limits2 = device_limits(store.path / "features.bin", seed=1)
@@ -628,6 +657,12 @@ def main(argv=None):
         ratio(hb, "inmemory", f"{hb} / inmemory", "expected <= 1.5", lambda x: x <= 1.5)
     ratio("outre", "inmemory", "outre / inmemory")
     ratio("mmap", "inmemory", "mmap / inmemory")
+    for dtype in dtypes[1:]:                      # compressed rows against the reference's, config by config
+        for name in names:
+            x = ratio(f"{name}@{dtype}", name, f"{name}@{dtype} / {name}")
+            if x is not None:
+                print(f"  {'':<34} reads {by[f'{name}@{dtype}']['bytes_epoch'] / max(by[name]['bytes_epoch'], 1):8.2f}x"
+                      f"  (val acc {by[f'{name}@{dtype}']['val']:.3f} vs {by[name]['val']:.3f})")
     if "hierbatching" in by and "hierbatching-p1" in by:
         print(f"  per step: hierbatching p=2 {by['hierbatching']['step_s']:.3f} s, p=1 "
               f"{by['hierbatching-p1']['step_s']:.3f} s (p=2 has {by['hierbatching']['epoch_steps']} steps "
@@ -645,7 +680,7 @@ def main(argv=None):
         else:
             frac = f"{r['iops_io']:,.0f} pages/s = {r['vs_limit']:.2f}x the random 4K limit"
         disk_s = r["bytes_epoch"] / MiB / limits_all["seq_mib_s"]
-        print(f"  {r['config']:<16} {POLICIES[VARIANTS[r['config']][0]].io_pattern or '?'}: {r['mbs_io']:,.0f} MiB/s inside reads "
+        print(f"  {r['config']:<16} {POLICIES[variant(r['config'])[0]].io_pattern or '?'}: {r['mbs_io']:,.0f} MiB/s inside reads "
               f"({frac}); {r['mbs_train']:,.0f} MiB/s over train time; {fmt_bytes(r['bytes_epoch'])} an epoch "
               f"= {r['bytes_epoch'] / feat_bytes:.1f}x the feature file; epoch {r['epoch_s']:.1f} s = "
               f"{r['epoch_s'] / disk_s:.2f}x its reads at the sequential limit ({disk_s:.1f} s)")
@@ -654,7 +689,7 @@ def main(argv=None):
                                     if table.failed() else ""))
     with open(data_dir / "bench" / "train-results.json", "w") as f:
         json.dump({"rows": rows, "limits": [limits, limits2], "prepare": prep,
-                   "n_d": {str(r): None if isinstance(v, UserError) else v for r, v in megabatches.items()},
+                   "n_d": {str(k): None if isinstance(v, UserError) else v for k, v in megabatches.items()},
                    "args": vars(args)}, f, indent=1, default=str)
     if table.failed():
         print(f"kept {out_dir} (the logs of the failed configurations)")

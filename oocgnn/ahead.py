@@ -262,16 +262,16 @@ class AheadStage:
             self.cached.make(fetch.resident)
         self.runtime._time("switch", time.perf_counter() - t)
 
-    def gather(self, ids, out=None):
-        """The batch's rows through the cache, then the batch's changeset (Ginex §3.3 Fig. 11): the rows
-        it admits are copied from the batch itself."""
-        x = self.cached.gather(ids, out=out)
+    def gather(self, ids, out=None, stored=False):
+        """The batch's rows through the cache (`CachedReader.gather`), then the batch's changeset (Ginex §3.3
+        Fig. 11): the rows it admits are copied from the batch itself, as stored."""
+        x = self.cached.gather(ids, out=out if stored else None, stored=True)
         if self.change is not None:
             admit, evict, pos = self.change
             rows = x[torch.from_numpy(np.argsort(ids, kind="stable")[pos])] if len(pos) else None
             self.cached.apply(evict, admit, rows)
             self.change = None
-        return x
+        return x if stored else self.cached.decode(x, out)
 
     def close(self):
         if self.reader is not None:

@@ -27,6 +27,9 @@ def _cmd_prepare(args):
     if args.shards < 0 or (args.shards > 1 and method == "none" and (args.parts or 1) < args.shards):
         raise UserError(f"--shards {args.shards} needs at least as many partitions: give --partitioner "
                         "metis|fennel (and --parts K >= R)" if args.shards > 0 else "--shards is a count >= 0")
+    if args.shards and args.feature_dtype != "float32":
+        raise UserError("--shards cuts float32 stores only: `train --distributed` exchanges float32 rows; "
+                        "drop --feature-dtype, or prepare without --shards")
     if args.shards:
         from .shards import check_shards_target, shards_path
         check_shards_target(shards_path(out, args.shards), args.force)
@@ -102,7 +105,7 @@ def _prepare(args, out, method, split, memory, work):
             peak_rss_mib=report.peak_rss / 2**20)
         print(shown.to_string(index=False, float_format="%.4g"))
     store = write_store(data, out, order=order, part_offsets=offsets, partitioner=method,
-                        force=args.force, progress=not args.quiet)
+                        force=args.force, progress=not args.quiet, feature_dtype=args.feature_dtype)
     print(f"wrote {store} in {time.perf_counter() - t0:.1f} s "
           f"(source {t_load:.1f} s, peak RSS {peak_rss() / 2**30:.2f} GiB)")
     if args.shards:
@@ -395,6 +398,11 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--parts", type=int,
                     help="number of parts K (default 1 for none; else enough that a HierBatching mega-batch "
                          "at the default --memory-budget holds 128 parts, in parts of 20 to 2000 nodes)")
+    pr.add_argument("--feature-dtype", default="float32", choices=("float32", "float16", "int8"),
+                    help="how feature rows are stored, read, cached and copied (F2CGT's compressed features): "
+                         "float32; float16 (half the bytes); or int8 (a quarter; per-column scale and offset "
+                         "kept beside the rows, error at most half a step of a column's range / 255). Rows are "
+                         "decoded to float32 after the gather, on the GPU after the copy (default float32)")
     pr.add_argument("--shards", type=int, default=0,
                     help="also cut the store into R per-rank shards for `train --distributed` on R ranks, "
                          "written to <out>-shards<R>: rank r's directory holds only its rows, lists and "

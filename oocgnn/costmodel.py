@@ -405,7 +405,7 @@ def _calibrate_slot_rows(store, nbytes=64 << 20, repeats=3) -> float:
     from .buffer import read_into_slot  # torch: imported when used, not with this module
     n = int(max(1, min(store.num_nodes, nbytes // store.row_stride)))
     reader = store.reader("direct")
-    rows = torch.empty((n, store.feat_dim), dtype=torch.float32)
+    rows = torch.empty((n, store.feat_dim), dtype=store.codec.torch_dtype)
     seconds = []
     try:
         for _ in range(repeats + 1):

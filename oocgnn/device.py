@@ -113,8 +113,8 @@ class HostToDevice:
     def pinned_bytes(self) -> int:
         return sum(b.nbytes for b in self._pinned if b is not None) if self.on_gpu else 0
 
-    def buffer(self, n: int, d: int) -> torch.Tensor | None:
-        """A pinned [n, d] float32 host tensor free to write (its previous copy has finished), or None
+    def buffer(self, n: int, d: int, dtype=torch.float32) -> torch.Tensor | None:
+        """A pinned [n, d] host tensor of `dtype` free to write (its previous copy has finished), or None
         on the CPU (gather as usual)."""
         if not self.on_gpu:
             return None
@@ -122,9 +122,9 @@ class HostToDevice:
         if self._done[k] is not None:
             self._done[k].synchronize()
         buf = self._pinned[k]
-        if buf is None or buf.shape[0] < n or buf.shape[1] != d:
-            rows = max(n, int(1.25 * buf.shape[0]) if buf is not None else n)
-            self._pinned[k] = buf = torch.empty((rows, d), dtype=torch.float32, pin_memory=True)
+        if buf is None or buf.shape[0] < n or buf.shape[1] != d or buf.dtype != dtype:
+            rows = max(n, int(1.25 * buf.shape[0]) if buf is not None and buf.dtype == dtype else n)
+            self._pinned[k] = buf = torch.empty((rows, d), dtype=dtype, pin_memory=True)
         return buf[:n]
 
     def __call__(self, tensors, blocks) -> list:

@@ -1,7 +1,8 @@
 """Feature rows resident in RAM in front of a reader: the cache stage of the executor.
 
 `CachedReader(reader, num_nodes, capacity)` has a reader's interface, `read_rows(ids)` and
-`stats`: it serves the rows it holds from RAM and reads the rest through `reader`, so `stats`
+`stats`: it holds rows as the store encodes them (`codec`: float32, float16 or int8, so a compressed
+store's budget holds more of them), decodes a batch's rows after the gather, and serves the rows it holds from RAM and reads the rest through `reader`, so `stats`
 count what reached the device (GraphBolt's CPUCachedFeature over its fallback is the model).
 What it holds is decided outside it: a plan's steps place its setup rows and point at loaded
 ranges (`place`, `point`, `drop`), or a replacement policy of `oocgnn.cache` drives it iteration
@@ -12,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from .codec import Codec
 from .errors import UserError
 from .io import MAX_REQUEST, page_span, request_breaks
 
@@ -20,14 +22,17 @@ GATHER_PIECE = 8 << 20         # bytes of resident rows copied at a time into a 
 
 
 class CachedReader:
-    """Rows `rows` [capacity, D] (float32) at slots `slot[id]` (int32 [N], −1 = not resident),
-    over a fallback `reader` for the rest. The last `dynamic` slots (default all) are the dynamic
-    part a replacement policy drives (`apply`, `make`); the slots before it hold what a plan's steps
-    place and point at (setup rows, loaded ranges)."""
+    """Rows `rows` [capacity, D] (as `codec` stores them; float32 by default) at slots `slot[id]` (int32
+    [N], −1 = not resident), over a fallback `reader` (of the same encoding) for the rest. The last
+    `dynamic` slots (default all) are the dynamic part a replacement policy drives (`apply`, `make`);
+    the slots before it hold what a plan's steps place and point at (setup rows, loaded ranges)."""
 
-    def __init__(self, reader, num_nodes, capacity, dynamic=None):
+    def __init__(self, reader, num_nodes, capacity, dynamic=None, codec=None):
         self.reader, self.num_nodes, self.dim = reader, int(num_nodes), reader.dim
-        self.rows = torch.empty((int(capacity), self.dim), dtype=torch.float32)
+        self.codec = Codec() if codec is None else codec
+        if np.dtype(reader.dtype) != self.codec.dtype:
+            raise ValueError(f"the reader returns {np.dtype(reader.dtype)} rows; the codec stores {self.codec.dtype}")
+        self.rows = torch.empty((int(capacity), self.dim), dtype=self.codec.torch_dtype)
         self.slot = np.full(self.num_nodes, -1, dtype=np.int32)
         self.dynamic_base = 0 if dynamic is None else int(capacity) - int(dynamic)
         self._free = None                                 # free slots of `apply`, made on first use
@@ -81,10 +86,20 @@ class CachedReader:
     def drop(self, ids):
         self.slot[ids] = -1
 
-    def gather(self, ids: np.ndarray, reader=None, out=None) -> torch.Tensor:
-        """Rows of `ids` [len(ids), D]: resident ones from RAM, the rest through `reader` (default the
-        fallback; evaluation passes its own so its reads stay out of the run's). `out`: a float32
-        [len(ids), D] tensor to write them into (a pinned buffer for a GPU)."""
+    def gather(self, ids: np.ndarray, reader=None, out=None, stored=False) -> torch.Tensor:
+        """Rows of `ids` [len(ids), D], float32: resident ones from RAM, the rest through `reader` (default the
+        fallback; evaluation passes its own so its reads stay out of the run's), decoded once gathered.
+        `stored`: as stored instead (decoded later: on the GPU after the copy). `out`: a [len(ids), D]
+        tensor of that type to write them into (a pinned buffer for a GPU)."""
+        if stored or self.codec.identity:
+            return self._gather(ids, reader, out)
+        return self.codec.decode(self._gather(ids, reader), out)
+
+    def decode(self, rows: torch.Tensor, out=None) -> torch.Tensor:
+        """Rows `gather(..., stored=True)` returned, as float32 (on their device; float32 rows pass)."""
+        return self.codec.decode(rows, out)
+
+    def _gather(self, ids, reader=None, out=None) -> torch.Tensor:
         slots = self.slot[ids]
         hit = slots >= 0
         if out is not None and tuple(out.shape) != (len(ids), self.dim):
@@ -94,9 +109,9 @@ class CachedReader:
             return self.rows[index] if out is None else torch.index_select(self.rows, 0, index, out=out)
         reader = self.reader if reader is None else reader
         if out is None:
-            out = torch.empty((len(ids), self.dim), dtype=torch.float32)
+            out = torch.empty((len(ids), self.dim), dtype=self.rows.dtype)
         hits = np.flatnonzero(hit)                 # copied a piece at a time: no [hits, D] temporary
-        piece = max(1, GATHER_PIECE // (4 * self.dim))
+        piece = max(1, GATHER_PIECE // (self.rows.element_size() * self.dim))
         for lo in range(0, len(hits), piece):
             at = hits[lo:lo + piece]
             out[torch.from_numpy(at)] = self.rows[torch.from_numpy(slots[at].astype(np.int64))]
@@ -192,11 +207,11 @@ class PolicyCache:
         cached = self.cached
         self.prefetched_rows += cached.make(c_i)          # a prefetch: rows the batch may not hold
         self.hits += int(np.count_nonzero(cached.slot[ids] >= 0))
-        x = cached.gather(ids)
+        x = cached.gather(ids, stored=True)
         admit, evict = np.setdiff1d(c_next, c_i), np.setdiff1d(c_i, c_next)
         order = np.argsort(ids, kind="stable")
         pos = order[np.minimum(np.searchsorted(ids, admit, sorter=order), len(ids) - 1)]
         if not np.array_equal(ids[pos], admit):
             raise UserError("the policy admits rows its iteration did not access (C_i+1 ⊄ C_i ∪ ids_i)")
         cached.apply(evict, admit, x[torch.from_numpy(pos)])
-        return x
+        return cached.decode(x)

@@ -183,7 +183,8 @@ class Runtime:
     def __init__(self, store, plan, device="cpu"):
         self.store, self.plan = store, plan
         self.h2d = HostToDevice(device)               # the model's device: pinned buffers, side stream
-        self.cached = CachedReader(store.reader("direct"), store.num_nodes, plan.capacity(), plan.dynamic_rows())
+        self.cached = CachedReader(store.reader("direct"), store.num_nodes, plan.capacity(), plan.dynamic_rows(),
+                                   codec=store.codec)
         self.topology = NeighbourLists(store, plan.list_capacity())
         self.sampler = Sampler(self.topology, plan.fanouts, plan.seed, dense=plan.dense)
         self.io_before_switch = IOStats()             # stats of readers replaced mid-run
@@ -208,7 +209,7 @@ class Runtime:
     def memory(self) -> dict:
         """Bytes the runtime really holds, by the plan's kinds (`Plan.memory()` predicts them; the
         induced subgraphs it bounds are built per group and not counted here)."""
-        out = {"feature_rows": self.cached.rows.numel() * 4, "slot_table": self.cached.slot.nbytes,
+        out = {"feature_rows": self.cached.rows.numel() * self.cached.rows.element_size(), "slot_table": self.cached.slot.nbytes,
                "topology": self.topology.nbytes if self.plan.topology == "disk" else
                self.topology.indptr.nbytes + self.store.num_edges * self.topology.dtype.itemsize,
                "sampler": self.sampler.scratch.nbytes}
@@ -279,14 +280,19 @@ class Runtime:
         return self.ahead.walk(steps, timed_sample, before, start)
 
     def gather(self, ids):
-        """Feature rows of `ids` for training (resident from RAM, the rest read), into a pinned buffer
-        when the model is on a GPU."""
-        out = self.h2d.buffer(len(ids), self.store.feat_dim)
-        return self.cached.gather(ids, out=out) if self.ahead is None else self.ahead.gather(ids, out=out)
+        """Feature rows of `ids` for training (resident from RAM, the rest read): float32 on the CPU; on a
+        GPU into a pinned buffer as stored, decoded after the copy (`to_device`: a compressed store's rows
+        cross the bus compressed)."""
+        stored = self.h2d.on_gpu
+        out = self.h2d.buffer(len(ids), self.store.feat_dim, self.cached.rows.dtype)
+        source = self.cached if self.ahead is None else self.ahead
+        return source.gather(ids, out=out, stored=stored)
 
     def to_device(self, tensors, ctx):
-        """The batch's tensors and its blocks on the model's device (`device.HostToDevice`)."""
-        return self.h2d(tensors, blocks_of(ctx))
+        """The batch's tensors and its blocks on the model's device (`device.HostToDevice`), its input rows
+        (the first tensor) decoded there."""
+        moved = self.h2d(tensors, blocks_of(ctx))
+        return [self.cached.decode(moved[0]), *moved[1:]] if moved else moved
 
     def eval_rows(self, ids):
         """Feature rows for evaluation: resident from RAM, the rest through the evaluation reader."""

@@ -68,6 +68,9 @@ def write_shards(store, world, out=None, force=False, progress=True) -> Path:
     atomically (a temporary directory renamed into place)."""
     from tqdm.auto import tqdm
     from .distributed import owner_bounds  # torch: imported when used, not with this module
+    if store.feature_dtype != "float32":
+        raise UserError(f"{store.path} stores {store.feature_dtype} features; shards (`train --distributed`) hold "
+                        "float32 rows: prepare the store without --feature-dtype")
     out = Path(out) if out else shards_path(store.path, world)
     check_shards_target(out, force)
     bounds = owner_bounds(store.part_offsets, world)
@@ -127,6 +130,9 @@ class RankData:
                                 f"(written by `oocgnn prepare ... --shards {world}`)")
             return cls(path, world, rank, meta, meta["bounds"], d)
         store = open_store(path)
+        if store.feature_dtype != "float32":
+            raise UserError(f"{path} stores {store.feature_dtype} features; `train --distributed` exchanges float32 "
+                            "rows: prepare the store without --feature-dtype for a distributed run")
         meta = {**{k: store.meta.get(k) for k in LAYOUT}, "row_stride": int(store.row_stride)}
         return cls(path, world, rank, meta, owner_bounds(store.part_offsets, world), store)
 

@@ -3,7 +3,8 @@
 Store ids are the source ids relabelled by an `order` (store id i holds source node
 `order[i]`), so each partition is a contiguous id range and one sequential read
 (HierBatching §3.1). Feature rows are padded to a stride that never lets a row straddle a
-4 KiB page (`io.feature_row_stride`). A write builds a temporary directory and swaps it into place
+4 KiB page (`io.feature_row_stride`); they are float32, or compressed (float16, or int8 with a per-column
+scale and offset in feature_codec.npy: `codec`, `prepare --feature-dtype`). A write builds a temporary directory and swaps it into place
 under a lock (`atomicdir`); `--force` replaces only a store. `open_store` validates everything and
 names the first problem it finds: meta.json's every field and its checksum, file sizes, the small
 files' CRC32 and invariants (indptr, ids, labels, splits, parts) on every open, and the two big
@@ -27,6 +28,7 @@ from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
 
+from .codec import CODEC_FILE, FEATURE_DTYPES, Codec, column_range
 from .atomicdir import describe_leftovers, swap_in, temp_path, writing
 from .csrsource import CSRSource
 from .datasets import GraphData
@@ -43,7 +45,7 @@ NPY_FILES = ("indptr", "labels", "train_idx", "val_idx", "test_idx", "part_offse
 BIG_FILES = ("features.bin", "indices.bin")
 DATA_FILES = BIG_FILES + tuple(f"{n}.npy" for n in NPY_FILES)
 STAMP = ".verified.json"
-STORE_FILES = frozenset(("meta.json", STAMP) + DATA_FILES)
+STORE_FILES = frozenset(("meta.json", STAMP, CODEC_FILE) + DATA_FILES)
 _CHUNK_BYTES = 64 << 20
 
 
@@ -120,13 +122,16 @@ def _list_reader(indices):
 
 
 def write_store(data: GraphData, path, order=None, part_offsets=None, partitioner="none",
-                force=False, progress=True) -> "Store":
+                force=False, progress=True, feature_dtype="float32") -> "Store":
     """Write `data` as a store at `path`, nodes relabelled by `order` (default identity).
 
     `order[i]` is the source id of store id i; `part_offsets` ([K+1], default one part)
-    gives the partition ranges in store ids. Atomic: a temporary directory renamed into place.
+    gives the partition ranges in store ids; `feature_dtype` how the rows are stored (`codec`).
+    Atomic: a temporary directory renamed into place.
     """
     path = Path(os.path.abspath(path))
+    if feature_dtype not in FEATURE_DTYPES:
+        raise UserError(f"--feature-dtype must be one of {', '.join(FEATURE_DTYPES)}; got {feature_dtype!r}")
     check_target(path, force)
     n, d = data.num_nodes, data.feat_dim
     order = np.arange(n, dtype=np.int64) if order is None else np.asarray(order, dtype=np.int64)
@@ -147,7 +152,8 @@ def write_store(data: GraphData, path, order=None, part_offsets=None, partitione
         tmp = temp_path(path)
         tmp.mkdir()
         try:
-            _write(data, tmp, path.name, order, new_of_old, identity, part_offsets, partitioner, progress)
+            _write(data, tmp, path.name, order, new_of_old, identity, part_offsets, partitioner, progress,
+                   feature_dtype)
             swap_in(tmp, path)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -214,29 +220,54 @@ def _row_gather(features, identity):
         yield lambda ids: reader.read_rows(ids).view(np.float32)
 
 
-def _write(data, tmp, name, order, new_of_old, identity, part_offsets, partitioner, progress):
+def _fit_codec(data, feature_dtype, progress) -> Codec:
+    """The codec of `feature_dtype` for `data`'s features (int8's and float16's checks need a first pass over
+    them for each column's range; float32 none)."""
+    if feature_dtype == "float32":
+        return Codec()
+    n, d = data.num_nodes, data.feat_dim
+    step = max(1, _CHUNK_BYTES // (4 * d))
+    bar = tqdm(total=n, desc=f"{feature_dtype}: column ranges", unit="row", unit_scale=True,
+               disable=not progress, leave=False)
+    def rows(ids):
+        bar.update(len(ids))
+        return data.features[ids]
+    lo, hi = column_range(rows, n, d, step)
+    bar.close()
+    return Codec.fit(feature_dtype, lo, hi)
+
+
+def _write(data, tmp, name, order, new_of_old, identity, part_offsets, partitioner, progress, feature_dtype="float32"):
     """Every file of the store into the directory `tmp`, meta.json (with its checksum) and stamp last."""
     n, d = data.num_nodes, data.feat_dim
     files = {}
-    itemsize = np.dtype(np.float32).itemsize
+    codec = _fit_codec(data, feature_dtype, progress)
+    itemsize = codec.dtype.itemsize
     row_bytes, stride = d * itemsize, feature_row_stride(d * itemsize)
-    rows_per_chunk = max(1, _CHUNK_BYTES // stride)
+    rows_per_chunk = max(1, _CHUNK_BYTES // max(stride, 4 * d))
     bar = tqdm(total=2 * n, desc=f"writing {name}", unit="row", unit_scale=True,
                disable=not progress, leave=False)
     feats = _CrcWriter(tmp / "features.bin")
     with _row_gather(data.features, identity) as gather:
         for lo in range(0, n, rows_per_chunk):
             hi = min(n, lo + rows_per_chunk)
-            block = np.zeros((hi - lo, stride // itemsize), dtype=np.float32)
-            block[:, :d] = gather(order[lo:hi])
-            if not np.isfinite(block).all():      # sources that are memory-mapped in place were not checked
-                bad = order[lo:hi][~np.isfinite(block).all(1)]
+            rows = np.asarray(gather(order[lo:hi]), dtype=np.float32)
+            if not np.isfinite(rows).all():      # sources that are memory-mapped in place were not checked
+                bad = order[lo:hi][~np.isfinite(rows).all(1)]
                 raise UserError(f"{data.name}: {len(bad)} feature row(s) hold NaN or infinite values (source rows "
                                 f"{', '.join(map(str, bad[:5]))}{', ...' if len(bad) > 5 else ''}); clean them "
                                 f"before preparing a store")
+            block = np.zeros((hi - lo, stride // itemsize), dtype=codec.dtype)
+            block[:, :d] = codec.encode(rows)
             feats.write(block)
             bar.update(hi - lo)
     files["features.bin"] = feats.close()
+    if codec.table() is not None:
+        with open(tmp / CODEC_FILE, "wb") as f:
+            np.save(f, codec.table())
+            f.flush()
+            os.fsync(f.fileno())
+        files[CODEC_FILE] = {"bytes": (tmp / CODEC_FILE).stat().st_size, "crc32": _crc_file(tmp / CODEC_FILE)}
 
     idx_dtype = index_dtype(n)
     indices = _CrcWriter(tmp / "indices.bin")
@@ -271,7 +302,7 @@ def _write(data, tmp, name, order, new_of_old, identity, part_offsets, partition
     meta = {
         "format": FORMAT, "version": VERSION, "name": data.name,
         "num_nodes": n, "num_edges": int(data.num_edges), "feat_dim": d,
-        "dtype": "float32", "row_bytes": row_bytes, "row_stride": stride,
+        "dtype": codec.name, "row_bytes": row_bytes, "row_stride": stride,
         "index_dtype": np.dtype(idx_dtype).name, "num_classes": int(data.num_classes),
         "partitioner": partitioner, "num_parts": len(part_offsets) - 1,
         "splits": {s: len(arrays[f"{s}_idx"]) for s in ("train", "val", "test")},
@@ -390,12 +421,13 @@ def meta_problem(meta: dict) -> str | None:
             return f"field {key!r} is {meta[key]}, below {low}"
     if meta["num_parts"] > n:
         return f"has {meta['num_parts']} parts for {n} nodes"
-    if meta["dtype"] != "float32":
-        return f"says features are {meta['dtype']!r}; stores hold float32"
-    if meta["row_bytes"] != d * 4:
-        return f"says rows are {meta['row_bytes']} bytes but feat_dim {d} x 4 bytes is {d * 4}"
-    if meta["row_stride"] != feature_row_stride(d * 4):
-        return f"says the row stride is {meta['row_stride']} but {d * 4}-byte rows take {feature_row_stride(d * 4)}"
+    if meta["dtype"] not in FEATURE_DTYPES:
+        return f"says features are {meta['dtype']!r}; stores hold {', '.join(FEATURE_DTYPES)}"
+    isz = np.dtype(meta["dtype"]).itemsize
+    if meta["row_bytes"] != d * isz:
+        return f"says rows are {meta['row_bytes']} bytes but feat_dim {d} x {isz} bytes is {d * isz}"
+    if meta["row_stride"] != feature_row_stride(d * isz):
+        return f"says the row stride is {meta['row_stride']} but {d * isz}-byte rows take {feature_row_stride(d * isz)}"
     if meta["index_dtype"] != np.dtype(index_dtype(n)).name:
         return f"says neighbour ids are {meta['index_dtype']!r}; {n} nodes take {np.dtype(index_dtype(n)).name}"
     splits = meta["splits"]
@@ -404,9 +436,9 @@ def meta_problem(meta: dict) -> str | None:
             return f"splits[{s!r}] is {splits.get(s)!r}, not a count"
     if splits["train"] + splits["val"] + splits["test"] > n:
         return f"splits hold {splits['train'] + splits['val'] + splits['test']} nodes, more than {n}"
-    files = meta["files"]
-    if set(files) != set(DATA_FILES):
-        missing, extra = set(DATA_FILES) - set(files), set(files) - set(DATA_FILES)
+    files, listed = meta["files"], set(DATA_FILES) | ({CODEC_FILE} if meta["dtype"] == "int8" else set())
+    if set(files) != listed:
+        missing, extra = listed - set(files), set(files) - listed
         return f"lists the wrong files (missing {sorted(missing)}, unknown {sorted(extra)})"
     for name, rec in files.items():
         if not isinstance(rec, dict) or not _is_int(rec.get("bytes")) or rec["bytes"] < 0 \
@@ -457,6 +489,7 @@ class Store:
         self.row_bytes, self.row_stride = meta["row_bytes"], meta["row_stride"]
         self.num_parts = meta["num_parts"]
         self.features_path = self.path / "features.bin"
+        self.feature_dtype = meta["dtype"]
 
     def __repr__(self):
         return (f"Store({str(self.path)!r}, N={self.num_nodes:,}, E={self.num_edges:,}, "
@@ -473,7 +506,8 @@ class Store:
                 "train_idx.npy": (None, (s["train"],), "int64"),
                 "val_idx.npy": (None, (s["val"],), "int64"),
                 "test_idx.npy": (None, (s["test"],), "int64"),
-                "part_offsets.npy": (None, (k + 1,), "int64"), "orig_ids.npy": (None, (n,), "int64")}
+                "part_offsets.npy": (None, (k + 1,), "int64"), "orig_ids.npy": (None, (n,), "int64"),
+                **({CODEC_FILE: (None, (2, self.feat_dim), "float32")} if self.feature_dtype == "int8" else {})}
 
     def validate(self, verify=True):
         """See `open_store`; sets `self.verified` to what was checked (for `oocgnn info`)."""
@@ -545,6 +579,9 @@ class Store:
         offsets = a["part_offsets"]
         if offsets[0] != 0 or offsets[-1] != n or not _rises(offsets):
             bad(f"part_offsets.npy does not rise from 0 to {n}")
+        codec = a.get(CODEC_FILE[:-4])
+        if codec is not None and not (np.isfinite(codec).all() and (codec[0] > 0).all()):
+            bad(f"{CODEC_FILE} holds a scale that is not positive or a value that is not finite")
         orig = a["orig_ids"]
         if orig.min() < 0 or orig.max() >= n:
             bad("orig_ids.npy holds ids outside the graph")
@@ -648,10 +685,16 @@ class Store:
         """indptr + indices as stored (HierBatching App. B's B), from the metadata."""
         return (self.num_nodes + 1) * 8 + self.num_edges * np.dtype(self.meta["index_dtype"]).itemsize
 
+    @cached_property
+    def codec(self) -> Codec:
+        """How the rows are stored (`codec.Codec`): readers return them so; `codec.decode` makes float32."""
+        return Codec.of_store(self.path, self.feature_dtype)
+
     def reader(self, kind="direct", **kw):
-        """A feature reader over this store ('direct', 'mmap' or 'memory'); see `oocgnn.io`."""
+        """A feature reader over this store ('direct', 'mmap' or 'memory'; see `oocgnn.io`), returning the
+        rows as stored (`feature_dtype`; `codec.decode` turns them to float32)."""
         return open_reader(kind, self.features_path, self.num_nodes, self.feat_dim,
-                           row_stride=self.row_stride, **kw)
+                           row_stride=self.row_stride, dtype=self.codec.dtype, **kw)
 
     def graph(self):
         """The topology as a DGL graph (CSC; the CSR is symmetric, so in = out neighbours), built once:
@@ -684,7 +727,7 @@ class Store:
             "path": str(self.path), "name": self.meta["name"], "format_version": self.meta["version"],
             "nodes": self.num_nodes, "edges": self.num_edges, "feat_dim": self.feat_dim,
             "classes": self.num_classes, **{f"{k}_nodes": v for k, v in self.meta["splits"].items()},
-            "row_bytes": self.row_bytes, "row_stride": self.row_stride,
+            "feature_dtype": self.feature_dtype, "row_bytes": self.row_bytes, "row_stride": self.row_stride,
             "partitioner": self.meta["partitioner"], "parts": self.num_parts,
             "part_nodes_min/mean/max": f"{sizes.min()}/{sizes.mean():.0f}/{sizes.max()}",
             **{f"partition_{k}": (f"{v:.4f}" if isinstance(v, float) else v)

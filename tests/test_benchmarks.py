@@ -177,14 +177,16 @@ def test_mixing_reuses_a_finished_run_only_with_the_same_settings(tmp_path):
 
 def test_train_checks_executed_reads_against_the_simulation(tmp_path):
     """--check-simulated: each run's reads equal its plan's simulation for the steps it ran ('='), mmap's
-    at most ('<=', or '=' when its page cache saved nothing)."""
+    at most ('<=', or '=' when its page cache saved nothing); on the int8 store of the same graph too."""
     path = next(p for p in BENCHMARKS if p.stem == "train")
     out = _run(path, "--preset", "tiny", "--parts", 16, "--budget", "10MB", "--steps", 5, "--limit", "all",
                "--policies", "mmap,hierbatching,ginex,outre", "--superbatch", 2, "--eval-nodes", 100,
-               "--check-simulated", "--data", tmp_path, "--csv", tmp_path / "train.csv")
+               "--check-simulated", "--data", tmp_path, "--csv", tmp_path / "train.csv", "--feature-dtypes", "float32,int8")
     rows = _rows(tmp_path / "train.csv")
-    assert [rows[p]["sim_exec"] for p in ("hierbatching", "ginex", "outre")] == ["="] * 3, out[-3000:]
-    assert rows["mmap"]["sim_exec"] in ("=", "<=")
+    exact = ("hierbatching", "ginex", "outre", "hierbatching@int8", "ginex@int8", "outre@int8")
+    assert [rows[p]["sim_exec"] for p in exact] == ["="] * 6, out[-3000:]
+    assert rows["mmap"]["sim_exec"] in ("=", "<=") and rows["mmap@int8"]["sim_exec"] in ("=", "<=")
+    assert "ginex@int8 / ginex" in out and "tiny-fennel-16-int8: int8 rows of 128 B at stride 128" in out
     assert "executed" not in out.split("sim: the run's reads")[1].split("\n\n")[0]    # no counter differs
 
 

@@ -76,6 +76,26 @@ def test_cuda_run_matches_the_cpu_run(fennel16, tmp_path, policy):
 
 
 @cuda
+@pytest.mark.parametrize("policy", ["inmemory", "ginex"])
+def test_cuda_decodes_compressed_rows_after_the_copy(tiny_data, fennel16, tmp_path, policy):
+    """On an int8 store the GPU run copies the input rows as stored (a quarter of float32's bytes) and
+    decodes them there: its losses follow the CPU run's on the same store, which decodes before."""
+    from oocgnn.store import write_store
+    int8 = write_store(tiny_data, tmp_path / "int8", order=fennel16.orig_ids, part_offsets=fennel16.part_offsets,
+                       partitioner="fennel", progress=False, feature_dtype="int8")
+    runs = {}
+    for name, store, device in (("cpu", int8, "cpu"), ("cuda", int8, "cuda"), ("float32", fennel16, "cuda")):
+        runs[name] = train(TrainConfig.create(
+            store=str(store.path), policy=policy, epochs=2, dropout=0.0, device=device, memory_budget="16MB",
+            progress=False, out=str(tmp_path / name)))
+    a, b = runs["cpu"]["log"], runs["cuda"]["log"]
+    np.testing.assert_allclose(a["train_loss"].iloc[1:], b["train_loss"].iloc[1:], rtol=1e-3)
+    assert abs(a["val_acc"].iloc[-1] - b["val_acc"].iloc[-1]) <= 0.01
+    rows = runs["cuda"]["h2d"]["bytes"], runs["float32"]["h2d"]["bytes"]
+    assert rows[0] < 0.5 * rows[1], rows                 # the rows dominate: a quarter of their bytes
+
+
+@cuda
 @pytest.mark.parametrize("model", ["sage", "gat", "gin"])
 def test_cuda_first_steps_match_the_cpu(tiny_store, tmp_path, model):
     """Three steps of each model on `tiny`: the GPU's losses (its torch ops) equal the CPU's (numba kernels)."""

@@ -277,7 +277,9 @@ def test_a_missing_meta_field_is_named(store, key):
     ({"splits": [1, 2, 3]}, "'splits' is [1, 2, 3], not dict"),
     ({"num_nodes": 0}, "'num_nodes' is 0, below 1"),
     ({"num_parts": 10**9}, "parts for"),
-    ({"dtype": "float16"}, "stores hold float32"),
+    ({"dtype": "float64"}, "stores hold float32, float16, int8"),
+    ({"dtype": "float16"}, "x 2 bytes is"),                     # float32 rows said to be float16
+    ({"dtype": "int8", "row_bytes": 128, "row_stride": 128}, "lists the wrong files (missing ['feature_codec.npy']"),
     ({"feat_dim": 4, "row_bytes": 16, "row_stride": 16}, "features.bin has"),      # half the features
     ({"feat_dim": 4}, "feat_dim 4 x 4 bytes is 16"),
     ({"row_stride": 1024}, "row stride is 1024"),
