@@ -15,7 +15,8 @@
 #                PARTS (1024), BUDGET (128MB: medium's features are 4x that),
 #                POLICIES (inmemory,hierbatching,hierbatching-p1,outre,ginex,marius), SUPERBATCH (4: Ginex's S that fits
 #                medium at 128MB; 16 needs 199 MiB), DATA (data: where the store is made or reused),
-#                DEVICE (cuda; cpu runs the same steps without a GPU, the CUDA tests skipped)
+#                DEVICE (cuda; cpu runs the same steps without a GPU, the CUDA tests skipped),
+#                FEATURE_DTYPES (float32; e.g. float32,int8 also runs each policy on an int8 store: issue 38)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-${OUT:-data/gpu-check}}
@@ -23,7 +24,7 @@ if [[ -x .venv/bin/python ]]; then default_python=.venv/bin/python; else default
 py=${PYTHON:-$default_python}
 preset=${PRESET:-medium} parts=${PARTS:-1024} budget=${BUDGET:-128MB}
 policies=${POLICIES:-inmemory,hierbatching,hierbatching-p1,outre,ginex,marius} device=${DEVICE:-cuda}
-superbatch=${SUPERBATCH:-4} data=${DATA:-data}
+superbatch=${SUPERBATCH:-4} data=${DATA:-data} dtypes=${FEATURE_DTYPES:-float32}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 
 # what the check needs, before anything runs: one line and exit 2 when something is missing
@@ -63,7 +64,8 @@ tests_rc=$?
 
 step "benchmarks/train.py --device $device --preset $preset --budget $budget"
 "$py" benchmarks/train.py --device "$device" --preset "$preset" --parts "$parts" --budget "$budget" \
-  --policies "$policies" --superbatch "$superbatch" --limit none --data "$data" --csv "$out/train.csv"
+  --policies "$policies" --superbatch "$superbatch" --limit none --data "$data" --csv "$out/train.csv" \
+  --feature-dtypes "$dtypes"
 bench_rc=$?
 cp "$data/bench/train-results.json" "$out/" 2>/dev/null
 

@@ -205,7 +205,9 @@ def _cmd_train(args):
         return
     print(f"{s['run_dir']}: {s['epochs']} epochs in {s['train_s']:.1f} s, best val "
           f"{s['best_val_acc']:.4f}, test at best val {_accuracy(s['test_at_best_val'])}, "
-          f"read {s['io']['bytes_read'] / 2**20:.1f} MiB, cap enforced: {s['memory_cap']['enforced']}")
+          f"read {s['io']['bytes_read'] / 2**20:.1f} MiB" +
+          (f" ({s['read_amplification']:.1f}x the {s['feature_dtype']} rows' bytes)" if s.get("read_amplification") else "")
+          + f", cap enforced: {s['memory_cap']['enforced']}")
     m = s["mixing"]
     print(f"  mixing: {m['groups']:g} groups an epoch of {m['parts_mean']:.1f} parts (fewest {m['parts_min']}), label "
           f"distance from the training set {m['tv_mean']:.3f} on average, {m['tv_max']:.3f} at worst"

@@ -407,6 +407,9 @@ def run_loop(cfg, run, store, plan, runtime, t_enter, device, mix, ranks=None, f
         "target_acc": cfg.target_acc,
         "time_to_target_s": float(reached["wall_s"].iloc[0]) if len(reached) else None,
         "io": {**io.as_dict(), "reader": reader},
+        # pages moved per useful byte: a scattered row costs its 4 KiB page (issue 38); 1.0 for whole pages
+        "read_amplification": round(io.bytes_read / io.bytes_requested, 3) if io.bytes_requested else None,
+        "feature_dtype": getattr(store, "feature_dtype", "float32"),
         "io_setup": setup_io.as_dict(),
         "topology": plan.topology, "topology_io": topology_io.as_dict(),
         "topology_io_setup": setup_topology_io.as_dict(),
