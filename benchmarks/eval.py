@@ -86,14 +86,14 @@ def main(argv=None):
           f"{len(nodes):,} evaluated nodes (val {len(sets['val']):,}, test {len(sets['test']):,}), fanouts "
           f"{fanouts}, {args.model} hidden {args.hidden}, layer-wise budget {format_size(budget)}", flush=True)
 
-    feats = torch.from_numpy(np.ascontiguousarray(store.reader("memory").read_range(0, store.num_nodes)))
+    feats = store.codec.decode(torch.from_numpy(np.ascontiguousarray(store.reader("memory").read_range(0, store.num_nodes))))
     direct = store.reader("direct")
 
     def per_batch(gather):
         return lambda: {s: evaluate(model, sampler, gather, labels, ids, args.batch_size) for s, ids in sets.items()}
 
     ram_rows = lambda ids: feats[torch.from_numpy(ids)]                          # noqa: E731
-    disk_rows = lambda ids: torch.from_numpy(direct.read_rows(ids))              # noqa: E731
+    disk_rows = lambda ids: store.codec.decode(torch.from_numpy(direct.read_rows(ids)))   # noqa: E731
     table = BenchTable(args.csv or Path(args.data) / "bench" / "eval.csv")
     lw = lw_ram = plan_s = None
 
