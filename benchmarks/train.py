@@ -73,6 +73,7 @@ VARIANTS = {              # the baselines keep the topology in memory whatever -
     "marius": ("marius", {"ordering": "comet", "physical_parts": 64}),
     "marius-beta": ("marius", {"ordering": "beta", "physical_parts": 64}),
     "composed": ("composed", {**PAPER, "passes": 2.0, "history_ratio": 0.1}),
+    "packed": ("packed", {}),        # DiskGNN: the run's epochs packed (its pre-pass in setup_s, its file in pack_bytes)
 }
 
 

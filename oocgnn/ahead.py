@@ -36,7 +36,7 @@ from .belady import belady_changesets
 from .blocks import background_thread
 from .errors import UserError
 from .history import HistoryStamps
-from .io import IOStats
+from .io import IOStats, range_chunks
 from .trace import Trace
 
 
@@ -63,10 +63,13 @@ _NONE = np.empty(0, np.int32)
 class ChunkFetch(NamedTuple):
     """What a chunk fetches: `resident`, the sorted rows its dynamic cache holds from the chunk's start
     (read then: those not yet held, or all of them if `reread`), and per batch (in_ids, out_ids,
-    positions of in_ids in the batch's sorted input rows) applied after its gather, or None."""
+    positions of in_ids in the batch's sorted input rows) applied after its gather, or None. `span`:
+    the rows are read as rows [lo, hi) of the plan's fetch reader, one sequential range (DiskGNN's packed
+    batch, `policies.packed`), instead of by id from features.bin."""
     resident: np.ndarray
     changes: list | None
     reread: bool
+    span: tuple | None = None
 
 
 class BeladyFetch:
@@ -161,18 +164,29 @@ class AheadStage:
     def __init__(self, runtime):
         self.runtime, self.plan = runtime, runtime.plan
         self.cached = runtime.cached
-        self.reader = runtime.store.reader("direct") if self.plan.fetch_reads_ahead else None
+        self.reader = None                      # the fetches' own reader (`setup`: the plan's)
         self.base, self.rows = self.plan.setup_rows(), self.plan.group_rows()   # the union buffers' halves
         self.change = None                      # the change to apply after the next gather
         self.held_union = None                  # the rows the current union buffer holds
+
+    def setup(self):
+        """After the plan's setup: open the reader the chunks' fetches read through (`fetch_reader`: the
+        store's rows, or a packed file the plan writes first)."""
+        if self.plan.fetch_reads_ahead and self.reader is None:
+            self.reader = self.plan.fetch_reader(self.runtime.store)
 
     def io(self) -> IOStats:
         return self.reader.stats.snapshot() if self.reader is not None else IOStats()
 
     def _fetch_union(self, fetch, half):
-        """Read the union rows into buffer `half` (in the producer thread)."""
+        """Read the union rows into buffer `half` (in the producer thread): by id, or as one range of the
+        fetch reader's rows, in the pieces the simulator counts (`io.range_chunks`)."""
         lo = self.base + half * self.rows
-        if len(fetch.resident):
+        if fetch.span is not None:
+            for a, b in range_chunks(*fetch.span, self.reader.row_stride):
+                self.cached.rows[lo:lo + b - a] = torch.from_numpy(self.reader.read_range(a, b))
+                lo += b - a
+        elif len(fetch.resident):
             self.cached.rows[lo:lo + len(fetch.resident)] = torch.from_numpy(self.reader.read_rows(fetch.resident))
 
     def walk(self, steps, sample, before, start=0):

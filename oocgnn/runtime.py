@@ -243,6 +243,8 @@ class Runtime:
                     raise UserError("plans keep whole lists in setup ranges only for every node")
                 entries += self.topology.place_ids(step.enter_ids, entries) if len(step.enter_ids) else 0
         self.stage = HistoryCache.of(self.plan.history, self.store.num_nodes) if self.plan.history else NoHistory()
+        if self.ahead is not None:                    # its fetch reader (a packed file is written here)
+            self.ahead.setup()
 
     def before(self, step, next_load):
         """Apply the step's residency change before its batch is sampled; `next_load` (the next step

@@ -93,8 +93,12 @@ class Layout:
         return page_union(*page_span(start[keep], end[keep] - start[keep]))
 
     def range_feature_reads(self, lo, hi) -> tuple[int, int]:
-        """(pages, requests) of loading feature rows [lo, hi) as the runtime does (`io.range_chunks`)."""
-        pages = [self.range_pages(a, b)[0] for a, b in range_chunks(lo, hi, self.stride)]
+        """(pages, requests) of loading feature rows [lo, hi) as the runtime does (`io.range_chunks`); rows of
+        features.bin, or of a file of rows at the same stride (a packed batch's, past N too)."""
+        pages = []
+        for a, b in range_chunks(lo, hi, self.stride):
+            first, last = page_span(a * self.stride, (b - 1 - a) * self.stride + self.row_bytes)
+            pages.append(int(last - first + 1))
         return sum(pages), sum(range_requests(p) for p in pages)
 
     def range_pages(self, lo, hi) -> tuple[int, int]:
@@ -187,8 +191,11 @@ class Residency:
         held = self.masks["features", "ids"]
         read = ids if fetch.reread else ids[~held[ids]]
         load["load_feature_rows"] = len(read)
-        load["load_feature_pages"] = self.layout.feature_pages(read)[0]
-        load["load_feature_requests"] = self.layout.feature_requests(read)
+        if fetch.span is not None:      # one range of a packed file at the store's stride (DiskGNN)
+            load["load_feature_pages"], load["load_feature_requests"] = self.layout.range_feature_reads(*fetch.span)
+        else:
+            load["load_feature_pages"] = self.layout.feature_pages(read)[0]
+            load["load_feature_requests"] = self.layout.feature_requests(read)
         held[:] = False
         held[ids] = True
         self._update()

@@ -164,7 +164,9 @@ def test_union_buffers_sized_by_the_largest_union(fennel16, tmp_path):
 
 @pytest.mark.parametrize("kw", [{"policy": "ginex", "superbatch": 4, "memory_budget": "3MB"},
                                 {"policy": "composed", "parts_per_megabatch": 4, "superbatch": 4, "memory_budget": "5MB",
-                                 "history_ratio": 0.2, "staleness": 5}], ids=["ginex", "composed"])
+                                 "history_ratio": 0.2, "staleness": 5},
+                                {"policy": "packed", "memory_budget": "8MB", "hot_share": 0.5}],
+                         ids=["ginex", "composed", "packed"])
 def test_a_killed_sample_ahead_run_resumes_to_the_same_losses(fennel16, tmp_path, kill_at, kw):
     """Resumed mid-superbatch, the run samples the rest of that superbatch ahead again (its cache starts
     cold, so it may read more) and trains to the same losses and accuracies (composed: with its

@@ -49,6 +49,10 @@ RUNS = {
                            "history_by": "degree", "staleness": 1000, "memory_budget": "3500KB"},
     "composed-induced": {"policy": "composed", "parts_per_megabatch": 4, "static_ratio": 0.02, "induced": True,
                          "history_ratio": 0.2, "staleness": 5, "topology": "disk"},
+    # DiskGNN: 2 epochs packed beside the store, a hot cache of half what the budget leaves
+    "packed": {"memory_budget": "8MB", "hot_share": 0.5},
+    "packed-disk": {"policy": "packed", "memory_budget": "8MB", "pack_epochs": 3, "topology": "disk",
+                    "neighbour_cache_ratio": 0.02},
 }
 
 

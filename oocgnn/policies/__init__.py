@@ -18,6 +18,7 @@ its I/O exactly, and the executor's runtime (`oocgnn.runtime`) does the same ste
 | `macrobatch` | random batches, sampled k at a time (macrobatches) | two union buffers (+ an optional static degree cache) | one coalesced read of each macrobatch's union, in the background |
 | `marius` | buffer states of c of p partitions (COMET, BETA, sequential), each training node in one; sampling inside the buffer | the buffer's partitions and the edge buckets among them | sequential reads of entering partitions and buckets, in the background |
 | `composed` | hierbatching's mega-batches sampled S at a time, sampling over the graph | static rows (setup) + two mega-batch buffers + histories + a Belady cache of what chunks read outside them | mega-batches as hierbatching; the rest through the Belady cache, misses read directly |
+| `packed` | random batches sampled offline for E epochs (DiskGNN) | the most accessed rows (setup) + two batch buffers | one sequential range of the packed file per batch, in the background |
 
 Each policy's options are a small dataclass beside its plan (`HierBatchingPlan.Options`); the
 registry `POLICIES` feeds the run configuration, the CLI, the widgets and the benchmarks. The contract
@@ -37,11 +38,12 @@ from .hierbatching import (STATIC_RATIO, STATIC_SHARE, HierBatchingPlan, evened,
                            static_ratio_for)
 from .marius import MariusPlan
 from .outre import OutrePlan
+from .packed import PackedPlan
 from .sampleahead import GinexPlan, MacrobatchPlan, SampleAheadPlan
 
 __all__ = ["POLICIES", "REGISTRY", "register", "make_plan", "as_plan", "Plan", "SchedulePlan", "HistorySpec",
            "setting", "shared", "fraction_or_auto", "InMemoryPlan", "MmapPlan", "HierBatchingPlan", "OutrePlan", "SampleAheadPlan",
-           "GinexPlan", "MacrobatchPlan", "MariusPlan", "ComposedPlan", "STATIC_RATIO", "STATIC_SHARE",
+           "GinexPlan", "MacrobatchPlan", "MariusPlan", "ComposedPlan", "PackedPlan", "STATIC_RATIO", "STATIC_SHARE",
            "static_ratio_for", "resolve_static_ratio", "fitting_parts", "evened"]
 
 

@@ -55,6 +55,11 @@ class SampleAheadPlan(Plan):
         batch gathers (`inputs`: all of its input rows, or those its history plan needs)."""
         return self.fetcher(inputs)
 
+    def fetch_reader(self, store):
+        """The reader that chunks' fetches read through (`fetch_reads_ahead`): its own, so that what fetches
+        read is known exactly."""
+        return store.reader("direct")
+
     def fixed_bytes(self, size) -> int:
         """What the plan needs whatever its caches get, with chunks of `size`."""
         return self.resident_bytes() - self.samples_bytes() + self.samples_bytes(size)
