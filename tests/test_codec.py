@@ -193,3 +193,22 @@ def test_the_summary_says_the_read_amplification(fennel16, compressed, tmp_path)
     dtype = compressed.feature_dtype
     assert amp["float32", "hierbatching-disk"] < 1.1 and amp[dtype, "hierbatching-disk"] < 1.1
     assert amp["float32", "ginex"] > 1.5 and amp[dtype, "ginex"] > amp["float32", "ginex"]
+
+
+def test_the_cost_model_follows_the_smaller_rows(fennel16, compressed, tmp_path):
+    """Calibration runs on compressed rows (its slot loads read them as stored), and at the same knobs a plan's
+    predicted disk bytes shrink with the rows (the simulator's pages at the stored stride)."""
+    from oocgnn import costmodel
+    from oocgnn.simulate import simulate
+    costs = costmodel.calibrate(compressed, _cfg(compressed, tmp_path, policy="ginex", hidden=16), steps=4,
+                                cache=tmp_path)
+    assert 0 < costs.slot_row_s < 1e-3 and costs.gather_s >= 0
+    rates = costmodel.DiskRates(seq_bytes_s=1e9, iops=5e4, iops_qd1=1e4)
+    disk = {}
+    for store in (fennel16, compressed):
+        plan = make_plan(store, _cfg(store, tmp_path, policy="hierbatching", parts_per_megabatch=4, static_ratio=0.02))
+        df = simulate(store, plan, epochs=1, progress=False)
+        disk[store.feature_dtype] = costmodel.predict(store, plan, rates, costs, df=df)["disk_bytes"]
+    ratio = {"float16": 2, "int8": 4}[compressed.feature_dtype]
+    # a quarter (half) of the pages, and at most a page more at each end of a part's range (smaller rows end mid-page)
+    assert disk["float32"] / ratio <= disk[compressed.feature_dtype] <= disk["float32"] / ratio * 1.1

@@ -51,7 +51,7 @@ RUNS = {
                          "history_ratio": 0.2, "staleness": 5, "topology": "disk"},
     # DiskGNN: 2 epochs packed beside the store, a hot cache of half what the budget leaves
     "packed": {"memory_budget": "8MB", "hot_share": 0.5},
-    "packed-disk": {"policy": "packed", "memory_budget": "8MB", "pack_epochs": 3, "topology": "disk",
+    "packed-disk": {"policy": "packed", "memory_budget": "8MB", "topology": "disk",
                     "neighbour_cache_ratio": 0.02},
 }
 
