@@ -28,8 +28,8 @@ def _cmd_prepare(args):
         raise UserError(f"--shards {args.shards} needs at least as many partitions: give --partitioner "
                         "metis|fennel (and --parts K >= R)" if args.shards > 0 else "--shards is a count >= 0")
     if args.shards and args.feature_dtype != "float32":
-        raise UserError("--shards cuts float32 stores only: `train --distributed` exchanges float32 rows; "
-                        "drop --feature-dtype, or prepare without --shards")
+        raise UserError("--shards cuts float32 stores only (the ranks' exchange moves float32 rows); drop "
+                        "--feature-dtype, or prepare without --shards and train with --rank-data shared")
     if args.shards:
         from .shards import check_shards_target, shards_path
         check_shards_target(shards_path(out, args.shards), args.force)

@@ -22,6 +22,7 @@ all-reduce over gloo. Batches reach the GPU through `device.HostToDevice` as in 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import socket
 import time
@@ -52,7 +53,16 @@ def exchanges(cfg) -> bool:
             raise UserError(f"--rank-data own (ranks holding only their own rows) runs {', '.join(RANK_POLICIES)}; "
                             f"{cfg.policy} runs with --rank-data shared on a store every rank reads")
         return True
-    return cfg.rank_data == "auto" and cfg.policy in RANK_POLICIES
+    return cfg.rank_data == "auto" and cfg.policy in RANK_POLICIES and _float32_rows(cfg.store)
+
+
+def _float32_rows(store) -> bool:
+    """Whether the store's rows are float32 (the exchange of `--rank-data own` moves float32 rows; a compressed
+    store's ranks read it shared, each through the policy, its rows decoded after the gather)."""
+    try:
+        return json.loads((Path(store) / "meta.json").read_text()).get("dtype", "float32") == "float32"
+    except (OSError, ValueError):
+        return True                        # no readable store: opening it says why
 
 
 @contextlib.contextmanager

@@ -131,8 +131,9 @@ class RankData:
             return cls(path, world, rank, meta, meta["bounds"], d)
         store = open_store(path)
         if store.feature_dtype != "float32":
-            raise UserError(f"{path} stores {store.feature_dtype} features; `train --distributed` exchanges float32 "
-                            "rows: prepare the store without --feature-dtype for a distributed run")
+            raise UserError(f"{path} stores {store.feature_dtype} features; ranks that hold only their own rows "
+                            "(--rank-data own) exchange float32 rows: run with --rank-data shared (each rank reads "
+                            "the store through the policy), or prepare the store without --feature-dtype")
         meta = {**{k: store.meta.get(k) for k in LAYOUT}, "row_stride": int(store.row_stride)}
         return cls(path, world, rank, meta, owner_bounds(store.part_offsets, world), store)
 

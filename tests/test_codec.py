@@ -163,12 +163,27 @@ def test_the_budget_holds_more_compressed_rows(fennel16, compressed, tmp_path):
     assert caps[1] >= ratio * caps[0] * 0.9, caps
 
 
-def test_distributed_runs_refuse_compressed_stores(compressed, tmp_path):
+def test_distributed_ranks_read_a_compressed_store_shared(compressed, tmp_path):
+    """Ranks holding only their own rows exchange float32 rows: refused, with the way out; `auto` then reads
+    the store shared, each rank through the policy (2 ranks on localhost), its reads the simulator's."""
+    from oocgnn.disttrain import RankView, exchanges, rank_config
+    from oocgnn.distributed import owner_bounds
     from oocgnn.shards import RankData, write_shards
-    with pytest.raises(UserError, match="float32"):
+    from .test_distributed_policies import COMMON, _torchrun
+    with pytest.raises(UserError, match="--rank-data shared"):
         RankData.open(compressed.path, 2, 0)
     with pytest.raises(UserError, match="float32"):
         write_shards(compressed, 2, out=tmp_path / "shards")
+    settings = {**COMMON, "epochs": 2, "memory_budget": "3MB", "parts_per_megabatch": 4, "static_ratio": 0.02}
+    cfg = _cfg(compressed, tmp_path, policy="hierbatching", **settings)
+    assert not exchanges(cfg)                          # auto: hierbatching has a rank plan, but not for these rows
+    two = _torchrun(compressed.path, tmp_path / "two", "hierbatching",
+                    {k: v for k, v in settings.items() if k not in COMMON or k in ("epochs", "memory_budget")})
+    assert two["world"] == 2 and two["feature_dtype"] == compressed.feature_dtype and two["best_val_acc"] > 0.3
+    bounds = owner_bounds(compressed.part_offsets, 2)
+    for record in two["ranks"]:
+        view, rcfg = RankView(compressed, bounds, record["rank"]), rank_config(cfg, 2)
+        _assert_agree(record, *_simulated(view, rcfg), make_plan(view, rcfg).exact_io)
 
 
 def test_codec_fit_is_affine_per_column():
