@@ -49,9 +49,10 @@ class Codec:
         """The codec `name` for columns ranging over [column_min, column_max] (int8's scale and offset:
         the range in 255 steps; a constant column gets scale 1 and is exact)."""
         if name != "int8":
-            if name == "float16" and max(np.abs(column_min).max(initial=0), np.abs(column_max).max(initial=0)) > FLOAT16_MAX:
-                raise UserError(f"features reach {max(np.abs(column_min).max(), np.abs(column_max).max()):.3g}, beyond "
-                                f"float16's {FLOAT16_MAX:.0f}: prepare them as int8 or float32, or rescale them")
+            reach = float(np.maximum(np.abs(column_min), np.abs(column_max)).max(initial=0))
+            if name == "float16" and reach > FLOAT16_MAX:
+                raise UserError(f"features reach {reach:.3g}, beyond float16's {FLOAT16_MAX:.0f}: prepare them as "
+                                "int8 or float32, or rescale them")
             return cls(name)
         lo, hi = np.asarray(column_min, np.float64), np.asarray(column_max, np.float64)
         span = hi - lo

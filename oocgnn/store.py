@@ -237,7 +237,7 @@ def _fit_codec(data, feature_dtype, progress) -> Codec:
     return Codec.fit(feature_dtype, lo, hi)
 
 
-def _write(data, tmp, name, order, new_of_old, identity, part_offsets, partitioner, progress, feature_dtype="float32"):
+def _write(data, tmp, name, order, new_of_old, identity, part_offsets, partitioner, progress, feature_dtype):
     """Every file of the store into the directory `tmp`, meta.json (with its checksum) and stamp last."""
     n, d = data.num_nodes, data.feat_dim
     files = {}
