@@ -1,0 +1,99 @@
+"""Macro-F1 and ROC-AUC against scikit-learn's (the oracle), and the tallies evaluation keeps."""
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from sklearn.metrics import accuracy_score, f1_score, roc_auc_score
+
+from oocgnn.metrics import Tally, accuracy, confusion, macro_f1, metrics, positive_score, roc_auc
+
+
+def _sklearn(fn, *args, **kw):
+    with warnings.catch_warnings():              # an ill-defined precision, a single class: warned, not raised
+        warnings.simplefilter("ignore")
+        return fn(*args, **kw)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_macro_f1_and_accuracy_equal_sklearns(seed):
+    """Random labels and predictions: imbalanced, classes missing from the predictions or from the labels,
+    a single class, one node."""
+    rng = np.random.default_rng(seed)
+    for _ in range(150):
+        c, n = int(rng.integers(1, 9)), int(rng.integers(1, 300))
+        p_true, p_pred = rng.dirichlet(np.full(c, 0.3)), rng.dirichlet(np.full(c, 0.3))
+        y, pred = rng.choice(c, n, p=p_true), rng.choice(c, n, p=p_pred)
+        if rng.random() < 0.3:                     # mostly right, as a trained model is
+            pred = np.where(rng.random(n) < 0.8, y, pred)
+        conf = confusion(pred, y, c)
+        assert conf.sum() == n and conf.shape == (c, c)
+        assert macro_f1(conf) == pytest.approx(_sklearn(f1_score, y, pred, average="macro"), abs=1e-12)
+        assert accuracy(conf) == pytest.approx(accuracy_score(y, pred), abs=1e-15)
+
+
+def test_macro_f1_of_the_majority_class():
+    """22 % positives, every node predicted negative: 78 % accuracy, macro-F1 (0.876 + 0) / 2."""
+    y, pred = np.r_[np.ones(22), np.zeros(78)].astype(int), np.zeros(100, int)
+    conf = confusion(pred, y, 2)
+    assert accuracy(conf) == 0.78 and macro_f1(conf) == pytest.approx(_sklearn(f1_score, y, pred, average="macro"))
+    assert macro_f1(conf) == pytest.approx(0.78 / 0.89 / 2)
+    assert np.isnan(macro_f1(np.zeros((3, 3), np.int64))) and np.isnan(accuracy(np.zeros((3, 3), np.int64)))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_roc_auc_equals_sklearns(seed):
+    """Continuous scores, scores with many ties (a few distinct values), float32 logit differences; from
+    one positive in a hundred to one negative in a hundred."""
+    rng = np.random.default_rng(100 + seed)
+    for i in range(150):
+        n = int(rng.integers(2, 400))
+        share = rng.choice([0.01, 0.22, 0.5, 0.9, 0.99])
+        y = (rng.random(n) < share).astype(int)
+        y[:2] = [0, 1]                             # both classes
+        kind = i % 3
+        if kind == 0:
+            scores = rng.normal(y * rng.random(), 1.0)
+        elif kind == 1:
+            scores = rng.integers(0, int(rng.integers(1, 6)), n) + y * rng.integers(0, 2)   # ties
+        else:
+            logits = torch.from_numpy(rng.normal(0, 3, (n, 2)).astype(np.float32))
+            scores = positive_score(logits)
+        want = _sklearn(roc_auc_score, y, scores)
+        assert roc_auc(scores, y) == pytest.approx(want, abs=1e-12), (n, kind)
+
+
+def test_roc_auc_is_nan_for_one_class_and_a_half_for_one_score():
+    assert np.isnan(roc_auc([0.1, 0.4, 0.3], [1, 1, 1])) and np.isnan(roc_auc([0.1, 0.4], [0, 0]))
+    assert np.isnan(roc_auc([], []))
+    assert roc_auc([2.0] * 5, [0, 1, 0, 1, 1]) == 0.5
+    assert roc_auc([0.1, 0.9], [0, 1]) == 1.0 and roc_auc([0.1, 0.9], [1, 0]) == 0.0
+
+
+def test_positive_score_ranks_as_class_1s_softmax_probability():
+    """The logit difference orders nodes as class 1's probability does (where float64 does not saturate)."""
+    rng = np.random.default_rng(7)
+    logits = torch.from_numpy(rng.normal(0, 2, (500, 2)))
+    y = rng.integers(0, 2, 500)
+    prob = torch.softmax(logits, 1)[:, 1].numpy()
+    assert roc_auc(positive_score(logits), y) == pytest.approx(roc_auc_score(y, prob), abs=1e-12)
+
+
+def test_a_tally_adds_batches_and_gives_the_metrics_of_the_whole():
+    rng = np.random.default_rng(3)
+    for c in (2, 5):
+        logits, y = torch.from_numpy(rng.normal(0, 1, (300, c)).astype(np.float32)), torch.from_numpy(
+            rng.integers(0, c, 300))
+        whole, batches = Tally(c), Tally(c)
+        whole.add(logits, y)
+        for lo in range(0, 300, 64):
+            batches.add(logits[lo:lo + 64], y[lo:lo + 64])
+        assert np.array_equal(whole.confusion, batches.confusion)
+        got = metrics(batches.confusion, *batches.scored())
+        pred = logits.argmax(1).numpy()
+        assert got["acc"] == accuracy_score(y, pred)
+        assert got["f1"] == pytest.approx(f1_score(y, pred, average="macro"), abs=1e-12)
+        if c == 2:
+            assert got["auc"] == pytest.approx(roc_auc_score(y, torch.softmax(logits.double(), 1)[:, 1]), abs=1e-12)
+        else:
+            assert np.isnan(got["auc"]) and len(batches.scored()[0]) == 0
