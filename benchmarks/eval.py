@@ -60,6 +60,7 @@ def main(argv=None):
     from oocgnn.sampler import Sampler
     from oocgnn.topology import NeighbourLists
     from oocgnn.loop import evaluate
+    from oocgnn.metrics import accuracy
     from oocgnn.units import format_size, parse_size
 
     print(f"loadavg at start: {loadavg()}  (cpus {os.cpu_count()}, torch threads {torch.get_num_threads()})",
@@ -90,7 +91,11 @@ def main(argv=None):
     direct = store.reader("direct")
 
     def per_batch(gather):
-        return lambda: {s: evaluate(model, sampler, gather, labels, ids, args.batch_size) for s, ids in sets.items()}
+        return lambda: {s: accuracy(evaluate(model, sampler, gather, labels, ids, args.batch_size,
+                                             store.num_classes).confusion) for s, ids in sets.items()}
+
+    def layerwise(ev):
+        return {s: accuracy(t.confusion) for s, t in ev.tallies(model, labels, sets, store.num_classes).items()}
 
     ram_rows = lambda ids: feats[torch.from_numpy(ids)]                          # noqa: E731
     disk_rows = lambda ids: store.codec.decode(torch.from_numpy(direct.read_rows(ids)))   # noqa: E731
@@ -107,8 +112,7 @@ def main(argv=None):
         lw_ram.layers, lw_ram.input_ids = lw.layers, lw.input_ids
 
     paths = {"inmemory": per_batch(ram_rows), "per-row": per_batch(disk_rows),
-             "layerwise": lambda: lw.accuracy(model, labels, sets),
-             "layerwise-ram": lambda: lw_ram.accuracy(model, labels, sets)}
+             "layerwise": lambda: layerwise(lw), "layerwise-ram": lambda: layerwise(lw_ram)}
     if not table.run("layerwise", plan):                                        # neither layer-wise path runs
         table.add("layerwise-ram", table.status("layerwise"))
         del paths["layerwise"], paths["layerwise-ram"]

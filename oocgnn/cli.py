@@ -182,6 +182,18 @@ def _accuracy(value) -> str:
     return "- (no test nodes)" if value is None else f"{value:.4f}"
 
 
+def _metrics_line(s, target_metric, show=_accuracy) -> str:
+    """Macro-F1 and, for binary labels, ROC-AUC of a summary: best validation value and test value at the
+    best evaluation, the one whose validation `target_metric` was the highest."""
+    from .metrics import NAMES, summary_keys
+    parts = []
+    for m in ("f1", "auc"):
+        val, test = summary_keys(m)
+        if s.get(val) is not None:                 # AUC: binary labels only
+            parts.append(f"{NAMES[m]} best val {show(s[val])}, test at best val {show(s.get(test))}")
+    return f"  {'; '.join(parts)} (best evaluation by validation {NAMES[target_metric]})"
+
+
 def _cmd_train(args):
     from .config import TrainConfig
     from .train import train
@@ -193,6 +205,8 @@ def _cmd_train(args):
         print(f"{agg['run_dir']}: seeds {','.join(map(str, agg['seeds']))}: best val "
               f"{format_mean_std(agg['best_val_acc'])}, test at best val {format_mean_std(agg['test_at_best_val'])}, "
               f"train {format_mean_std(agg['train_s'], 1, 2)} s")
+        shown = {k: format_mean_std(v) for k, v in agg.items() if isinstance(v, dict) and v["n"]}
+        print(_metrics_line(shown, cfg.target_metric, show=lambda v: v or "-"))
         return
     s = train(cfg)
     if s.get("distributed"):
@@ -202,12 +216,14 @@ def _cmd_train(args):
                 f"read {s['io']['bytes_read'] / 2**20:.1f} MiB over all ranks"
             print(f"{s['run_dir']}: {s['world']} ranks, {s['epochs']} epochs in {s['train_s']:.1f} s, best val "
                   f"{s['best_val_acc']:.4f}, test at best val {_accuracy(s['test_at_best_val'])}, {moved}")
+            print(_metrics_line(s, s["target_metric"]))
         return
     print(f"{s['run_dir']}: {s['epochs']} epochs in {s['train_s']:.1f} s, best val "
           f"{s['best_val_acc']:.4f}, test at best val {_accuracy(s['test_at_best_val'])}, "
           f"read {s['io']['bytes_read'] / 2**20:.1f} MiB" +
           (f" ({s['read_amplification']:.1f}x the {s['feature_dtype']} rows' bytes)" if s.get("read_amplification") else "")
           + f", cap enforced: {s['memory_cap']['enforced']}")
+    print(_metrics_line(s, s["target_metric"]))
     m = s["mixing"]
     print(f"  mixing: {m['groups']:g} groups an epoch of {m['parts_mean']:.1f} parts (fewest {m['parts_min']}), label "
           f"distance from the training set {m['tv_mean']:.3f} on average, {m['tv_max']:.3f} at worst"
@@ -259,8 +275,9 @@ def _cmd_compare(args):
     table, logs, target = compare(cfg, policies, out, target_acc=cfg.target_acc or None, warm=not args.no_warm,
                                   progress=cfg.progress)
     feature_bytes = store.num_nodes * store.row_stride
-    shown = table[["policy", "epoch_s", "time_to_target_s", "best_val_acc", "test_at_best_val", "read_per_epoch",
-                   "feature_files_per_epoch", "peak_rss", "status"]].copy()
+    best = [] if cfg.target_metric == "acc" else [f"best_val_{cfg.target_metric}"]   # what the target is of
+    shown = table[["policy", "epoch_s", "time_to_target_s", "best_val_acc", "test_at_best_val", *best,
+                   "read_per_epoch", "feature_files_per_epoch", "peak_rss", "status"]].copy()
     for col in ("read_per_epoch", "peak_rss"):
         shown[col] = [format_size(v) if pd.notna(v) else "-" for v in shown[col]]
     shown["status"] = [s if len(s) <= 48 else s[:45] + "..." for s in shown["status"].astype(str)]
@@ -271,14 +288,15 @@ def _cmd_compare(args):
              f"{cfg.model} {cfg.fanouts}, batch {cfg.batch_size}, {cfg.epochs} epochs, seed {cfg.seed}")
     note = ("evaluation and setup not timed; " + (PRIMING if not args.no_warm else "numba's cache NOT primed: "
             "the first runs include compiling") + f"; device {resolve_device(cfg.device)}")
-    fig = plot_comparison(table, logs, target, feature_bytes, title, note)
+    fig = plot_comparison(table, logs, target, feature_bytes, title, note, cfg.target_metric)
     written = []
     for path in [out / "comparison"] + ([Path(args.figure)] if args.figure else []):
         path.parent.mkdir(parents=True, exist_ok=True)
         table.to_csv(path.with_suffix(".csv"), index=False)
         save_figure(fig, path.with_suffix(".png"))
         written += [str(path.with_suffix(".csv")), str(path.with_suffix(".png"))]
-    print(f"time to val {target:.4f} measured" if target else "no policy ran", f"; wrote {', '.join(written)}")
+    print(f"time to val {cfg.target_metric} {target:.4f} measured" if target else "no policy ran",
+          f"; wrote {', '.join(written)}")
 
 
 def _cmd_report(args):
@@ -286,6 +304,7 @@ def _cmd_report(args):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import pandas as pd
+    from .metrics import NAMES
     from .plots import load_runs, plot_time_to_accuracy, save_figure, seed_table
     out = Path(args.out)
     for run in map(Path, args.runs):              # never write into what is read: a run's own log.csv
@@ -297,11 +316,13 @@ def _cmd_report(args):
     print(table.to_string(index=False))
     out.parent.mkdir(parents=True, exist_ok=True)
     runs.to_csv(out.with_suffix(".csv"), index=False)
-    for run, r in runs.groupby("run", sort=False):    # one line a run: its accuracy and its groups' mixing
-        r = r.iloc[-1]
+    for run, log in runs.groupby("run", sort=False):  # one line a run: its metrics and its groups' mixing
+        r = log.iloc[-1]
         mix = "" if pd.isna(r["mixing_tv_mean"]) else \
             f", groups of {r['mixing_parts']:.1f} parts, label TV {r['mixing_tv_mean']:.3f} (worst {r['mixing_tv_max']:.3f})"
-        print(f"{run}: {r['policy']}, best val {runs.loc[runs.run == run, 'val_acc'].max():.4f}{mix}")
+        more = "".join(f", {NAMES[m]} {log[f'val_{m}'].max():.4f}" for m in ("f1", "auc")   # none in older logs;
+                       if log[f"val_{m}"].notna().any())                                    # AUC: binary labels
+        print(f"{run}: {r['policy']}, best val {log['val_acc'].max():.4f}{more}{mix}")
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     plot_time_to_accuracy(runs, axes[0], "val_acc", "validation accuracy vs time")
     plot_time_to_accuracy(runs, axes[1], "test_acc", "test accuracy vs time")

@@ -24,18 +24,19 @@ import pandas as pd
 from .benchtable import BenchTable
 from .config import TrainConfig
 from .errors import UserError
+from .metrics import check_target, summary_keys
 from .policies import POLICIES, make_plan
 from .store import open_store
 from .tune import GRID
 from .units import format_size
 
 DEFAULT_POLICIES = tuple(POLICIES)      # every registered policy, in its `listed` order
-TARGET_SHARE = 0.95       # without --target-acc: time to 95 % of the best validation accuracy any policy reached
+TARGET_SHARE = 0.95       # without --target-acc: time to 95 % of the best validation metric any policy reached
 PRIMING = "numba's cache primed before timing (2 untimed steps of each policy in a throwaway process)"
 TABLE_COLUMNS = ["policy", "status", "knobs", "epochs", "steps", "epoch_s", "train_s", "time_to_target_s",
-                 "best_val_acc", "test_at_best_val", "final_test_acc", "bytes_read", "read_per_epoch",
-                 "feature_files_per_epoch", "setup_bytes", "resident_bytes", "peak_rss", "cap_enforced",
-                 "mixing_warns", "setup_s", "run_dir"]
+                 "best_val_acc", "test_at_best_val", "best_val_f1", "best_val_auc", "final_test_acc", "bytes_read",
+                 "read_per_epoch", "feature_files_per_epoch", "setup_bytes", "resident_bytes", "peak_rss",
+                 "cap_enforced", "mixing_warns", "setup_s", "run_dir"]
 
 
 def default_budget(store) -> str:
@@ -85,9 +86,9 @@ def prime(cfgs):
         pool.submit(_prime, list(cfgs)).result()
 
 
-def time_to(log: pd.DataFrame, target: float):
-    """Training seconds at the first evaluation whose validation accuracy reached `target` (None if none)."""
-    hit = log[log["val_acc"] >= target]
+def time_to(log: pd.DataFrame, target: float, metric="acc"):
+    """Training seconds at the first evaluation whose validation `metric` reached `target` (None if none)."""
+    hit = log[log[f"val_{metric}"] >= target]
     return float(hit["wall_s"].iloc[0]) if len(hit) else None
 
 
@@ -97,7 +98,8 @@ def _row(policy, knobs, note, s, feature_bytes) -> dict:
     return {"policy": policy, "status": "ok" + (f" ({note})" if note else ""),
             "knobs": _knobs_text(knobs), "epochs": s["epochs"], "steps": s["steps"],
             "epoch_s": s["epoch_s"], "train_s": s["train_s"], "best_val_acc": s["best_val_acc"],
-            "test_at_best_val": s["test_at_best_val"], "final_test_acc": s["final_test_acc"], "bytes_read": io,
+            "test_at_best_val": s["test_at_best_val"], "best_val_f1": s["best_val_f1"],
+            "best_val_auc": s["best_val_auc"], "final_test_acc": s["final_test_acc"], "bytes_read": io,
             "read_per_epoch": io / epochs, "feature_files_per_epoch": io / epochs / feature_bytes,
             "setup_bytes": s["io_setup"]["bytes_read"], "resident_bytes": s["resident_bytes"],
             "peak_rss": s["peak_rss"], "cap_enforced": bool(s["memory_cap"].get("enforced")),
@@ -111,11 +113,13 @@ def compare(cfg: TrainConfig, policies=DEFAULT_POLICIES, out="runs/compare", tar
 
     Returns (table, logs, target): one row per policy (`TABLE_COLUMNS`: its status — ok, or why it did
     not fit or failed —, epoch time, time to `target`, accuracy, bytes read, memory), every run's log.csv
-    rows labelled by policy, and the validation accuracy the times are measured to (`target_acc`, else
-    `TARGET_SHARE` of the best any policy reached). `warm`: prime numba's cache first (`prime`)."""
+    rows labelled by policy, and the validation value of `cfg.target_metric` the times are measured to
+    (`target_acc`, else `TARGET_SHARE` of the best any policy reached). `warm`: prime numba's cache first
+    (`prime`)."""
     from .train import train_fresh  # torch: imported when used, not with this module
     from tqdm.auto import tqdm
     store = open_store(cfg.store, verify=False)
+    check_target(cfg.target_metric, store.num_classes)
     feature_bytes = store.num_nodes * store.row_stride
     runnable = []
     saved = BenchTable(Path(out) / "comparison.csv", TABLE_COLUMNS, key="policy", echo=False)
@@ -146,11 +150,12 @@ def compare(cfg: TrainConfig, policies=DEFAULT_POLICIES, out="runs/compare", tar
         logs.append(s["log"].assign(policy=p))
         echo(f"{p}: {s['epoch_s']:.2f} s an epoch, best val {s['best_val_acc']:.4f}, read "
              f"{format_size(row['read_per_epoch'])} an epoch" + (f" ({note})" if note else ""))
-    logs = pd.concat(logs, ignore_index=True) if logs else pd.DataFrame(columns=["policy", "wall_s", "val_acc"])
-    reached = [r["best_val_acc"] for r in saved.rows if r.get("best_val_acc") is not None]
+    metric, best = cfg.target_metric, summary_keys(cfg.target_metric)[0]
+    logs = pd.concat(logs, ignore_index=True) if logs else pd.DataFrame(columns=["policy", "wall_s", f"val_{metric}"])
+    reached = [r[best] for r in saved.rows if r.get(best) is not None]
     target = target_acc or (round(TARGET_SHARE * max(reached), 4) if reached else None)
     if target:
         for p, log in logs.groupby("policy", sort=False):
-            saved.add(p, saved.status(p), time_to_target_s=time_to(log, target))
+            saved.add(p, saved.status(p), time_to_target_s=time_to(log, target, metric))
     table = pd.DataFrame(saved.rows, columns=TABLE_COLUMNS)
     return table, logs, target

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 import numpy as np
 
 from .errors import UserError
+from .metrics import METRICS
 from .policies import POLICIES, setting
 from .units import parse_size
 
@@ -88,7 +89,10 @@ class TrainConfig:
                                           "read once in store order: oocgnn.evaluation; faster in memory too) | batch "
                                           "(sampled mini-batches of --eval-batch-size, rows gathered per batch)")
     max_eval_nodes: int = setting(20_000, "evaluate on a fixed seeded subset this large per split (0: all)")
-    target_acc: float = setting(0.0, "report the time to reach this validation accuracy")
+    target_acc: float = setting(0.0, "report the time to reach this validation accuracy (of --target-metric)")
+    target_metric: str = setting("acc", "the validation metric that picks the best evaluation (test at best val), "
+                                        "--target-acc and the tuner's choice aim at: acc | f1 (macro-F1) | auc "
+                                        "(ROC-AUC, binary labels only)")
     out: str = setting("", "run directory (default runs/<store>-<policy>-<model>-s<seed>)")
     seed: int = setting(0, "seed of batches, sampling and model initialisation")
     seeds: str = setting("", "train once per seed (e.g. 0,1,2) into <out>/seed<S> and write their mean ± std "
@@ -150,6 +154,8 @@ class TrainConfig:
             raise UserError(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
         if self.seeds:
             self.seeds = ",".join(map(str, parse_seeds(self.seeds)))
+        if self.target_metric not in METRICS:
+            raise UserError(f"target_metric must be one of {', '.join(METRICS)}, got {self.target_metric!r}")
         if self.eval_mode not in EVAL_MODES:
             raise UserError(f"eval_mode must be one of {', '.join(EVAL_MODES)}, got {self.eval_mode!r}")
         if self.accumulate not in ACCUMULATE:

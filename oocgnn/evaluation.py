@@ -31,6 +31,7 @@ import torch
 
 from .blocks import sample_layer
 from .device import autocast
+from .metrics import Tally
 
 READ_CHUNK = 64 << 20        # bytes of input rows read per call
 DST_CHUNK = 8192             # destination nodes per layer call, at most
@@ -221,13 +222,13 @@ class LayerwiseEval:
             self.spilled.append(name)
         return _Table(ids, dim, in_ram)
 
-    def accuracy(self, model, labels: torch.Tensor, sets: dict, device="cpu", precision="fp32") -> dict:
-        """{name: accuracy of model on the ids of sets[name]} (each a subset of `nodes`), one pass."""
-        pred = self.logits(model, device, precision).argmax(1)
+    def tallies(self, model, labels: torch.Tensor, sets: dict, num_classes: int, device="cpu",
+                precision="fp32") -> dict:
+        """{name: `metrics.Tally` of model on the ids of sets[name]} (each a subset of `nodes`), one pass."""
+        logits = self.logits(model, device, precision)
         out = {}
         for name, ids in sets.items():
             ids = np.asarray(ids, dtype=np.int64)
-            got = pred[torch.from_numpy(np.searchsorted(self.nodes, ids))]
-            out[name] = int((got == labels[torch.from_numpy(ids)]).sum()) / max(1, len(ids))
+            out[name] = Tally(num_classes)
+            out[name].add(logits[torch.from_numpy(np.searchsorted(self.nodes, ids))], labels[torch.from_numpy(ids)])
         return out
-

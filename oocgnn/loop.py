@@ -4,8 +4,9 @@ It walks the plan's steps through the runtime (`runtime.Runtime.walk`: each step
 then its batch sampled), gathers the batch's rows, runs the model through the plan's history stage,
 and does what every run does around that: evaluation, `log.csv`/`steps.csv`/`summary.json`,
 checkpoints and their resume, stage timers. What differs between one process and a rank is its
-`Ranks`: the collectives (gradients averaged after backward, evaluation counts and log totals summed,
-every rank's record gathered) and what it owns (its evaluation nodes); one process's are identities.
+`Ranks`: the collectives (gradients averaged after backward, evaluation's confusion counts and log totals
+summed, its binary scores and every rank's record gathered) and what it owns (its evaluation nodes); one
+process's are identities.
 
 Ranks step in lockstep: each epoch of a rank is padded with empty steps (zero gradients, averaged with
 the others') to the most steps any rank has in that epoch (BatchGNN §3 runs ranks alike).
@@ -28,8 +29,9 @@ from .device import LossMeter, autocast, cuda_host_memory
 from .errors import UserError
 from .evaluation import LayerwiseEval
 from .io import IOStats
+from .metrics import METRICS, Tally, metrics, summary_keys
 from .models import build_model, hidden_width
-from .rundir import EVAL_LOG_COLUMNS, LOG_COLUMNS, STEP_COLUMNS
+from .rundir import EVAL_LOG_COLUMNS, LOG_COLUMNS, METRIC_LOG_COLUMNS, STEP_COLUMNS
 from .sampler import Sampler
 from .units import peak_rss, trim_heap
 
@@ -92,30 +94,30 @@ def seed_everything(seed: int):
     torch.manual_seed(seed)
 
 
-def evaluate(model, sampler, gather, labels, nodes, batch_size, device="cpu", precision="fp32") -> float:
-    """Accuracy of sampled mini-batch inference on `nodes` (features through `gather`, the model on
-    `device`); batch i is sampled with the sampler's key (seed, 0, i), the same at every evaluation."""
+def evaluate(model, sampler, gather, labels, nodes, batch_size, num_classes, device="cpu", precision="fp32") -> Tally:
+    """Sampled mini-batch inference on `nodes` (features through `gather`, the model on `device`), tallied
+    (`metrics.Tally`); batch i is sampled with the sampler's key (seed, 0, i), the same at every evaluation."""
     model.eval()
-    correct = 0
+    tally = Tally(num_classes)
     device = torch.device(device)
     with torch.no_grad():
         for i, lo in enumerate(range(0, len(nodes), batch_size)):
             input_nodes, output_nodes, blocks = sampler.sample(nodes[lo:lo + batch_size], 0, i)
             with autocast(device, precision):
-                pred = model(blocks, gather(input_nodes).to(device)).argmax(1).cpu()
-            correct += int((pred == labels[torch.from_numpy(output_nodes)]).sum())
+                logits = model(blocks, gather(input_nodes).to(device)).cpu()
+            tally.add(logits, labels[torch.from_numpy(output_nodes)])
     model.train()
-    return correct / max(1, len(nodes))
+    return tally
 
 
 class SampledEvaluation:
     """Evaluation of a run or a rank: its own validation and test nodes, sampled mini-batches through
     the runtime's rows (`evaluate`), or layer-wise within what the plan leaves of the budget
-    (`evaluation.LayerwiseEval`, the default for GNNs). `correct(model)`: the correct counts per split."""
+    (`evaluation.LayerwiseEval`, the default for GNNs). `tallies(model)`: a `metrics.Tally` per split."""
 
     def __init__(self, cfg, plan, runtime, store, sets, labels, device):
         self.cfg, self.runtime, self.labels, self.device = cfg, runtime, labels, device
-        self.sets = sets
+        self.sets, self.num_classes = sets, store.num_classes
         fanouts = [int(f) for f in cfg.eval_fanouts.split(",")]
         self.sampler = Sampler(runtime.eval_topology, fanouts, cfg.seed + 7)
         self.layerwise = None if cfg.eval_mode == "batch" or cfg.model == "mlp" else LayerwiseEval(
@@ -127,15 +129,14 @@ class SampledEvaluation:
         """Whether its reads go through the run's own reader (then the loop takes them out of the run's)."""
         return self.layerwise is None and self.runtime.eval_reader is None
 
-    def correct(self, model) -> dict:
+    def tallies(self, model) -> dict:
         cfg = self.cfg
         if self.layerwise is not None:             # its reads: its own reader, never the run's
-            accs = self.layerwise.accuracy(model, self.labels, self.sets, self.device, cfg.precision)
-        else:
-            accs = {s: evaluate(model, self.sampler, self.runtime.eval_rows, self.labels, ids, cfg.eval_batch_size,
-                                self.device, cfg.precision)
-                    for s, ids in self.sets.items()}
-        return {s: round(accs[s] * len(self.sets[s])) for s in self.sets}
+            return self.layerwise.tallies(model, self.labels, self.sets, self.num_classes, self.device,
+                                          cfg.precision)
+        return {s: evaluate(model, self.sampler, self.runtime.eval_rows, self.labels, ids, cfg.eval_batch_size,
+                            self.num_classes, self.device, cfg.precision)
+                for s, ids in self.sets.items()}
 
     def describe(self) -> dict:
         lw = self.layerwise
@@ -207,12 +208,12 @@ def run_loop(cfg, run, store, plan, runtime, t_enter, device, mix, ranks=None, f
     model.to(device)                               # initialised on the CPU: the same weights on any device
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
     losses = LossMeter(device)                     # on a GPU, read one step late (no sync per step)
-    log_columns = LOG_COLUMNS + EVAL_LOG_COLUMNS + list(runtime.log_fields())
-    eval_sets, eval_totals = {}, {}
+    log_columns = LOG_COLUMNS + METRIC_LOG_COLUMNS + EVAL_LOG_COLUMNS + list(runtime.log_fields())
+    eval_sets = {}
     for split, ids in (("val", store.val_idx), ("test", store.test_idx)):
         if cfg.max_eval_nodes and len(ids) > cfg.max_eval_nodes:
             ids = np.sort(np.random.default_rng(cfg.seed + 1).choice(ids, cfg.max_eval_nodes, replace=False))
-        eval_sets[split], eval_totals[split] = ranks.owns(ids), len(ids)
+        eval_sets[split] = ranks.owns(ids)
 
     steps = list(plan.steps(cfg.epochs))          # deterministic; listed once for lookahead
     slots = _slots(steps, cfg.epochs, ranks)      # one process: (epoch, i) of every step
@@ -238,10 +239,19 @@ def run_loop(cfg, run, store, plan, runtime, t_enter, device, mix, ranks=None, f
                                 f"lower --lr (now {cfg.lr}) or check the features")
             st["loss_sum"], st["loss_n"] = st["loss_sum"] + value, st["loss_n"] + 1
 
-    def accuracies():
-        correct = evaluator.correct(model)        # an empty split has no accuracy (NaN in the log), not 0
-        return dict(zip(eval_sets, (c / eval_totals[s] if eval_totals[s] else float("nan") for s, c in
-                                    zip(eval_sets, ranks.sum([correct[s] for s in eval_sets])))))
+    def evaluations():
+        """{split: {acc, f1, auc}} of the model: the ranks' confusion counts summed, their scores gathered (an
+        empty split has no metrics: NaN in the log, not 0)."""
+        tallies = evaluator.tallies(model)
+        c = store.num_classes
+        sums = ranks.sum(np.concatenate([tallies[s].confusion.ravel() for s in eval_sets]).tolist())
+        confs = np.asarray(sums, dtype=np.int64).reshape(len(eval_sets), c, c)
+        every = ranks.gather({s: tallies[s].scored() for s in eval_sets}) if c == 2 else None
+        out = {}
+        for s, conf in zip(eval_sets, confs):
+            scored = [np.concatenate(a) for a in zip(*(r[s] for r in every))] if every else [None, None]
+            out[s] = metrics(conf, *scored)
+        return out
 
     def eval_io():
         """Evaluation's reads so far, features and lists (its own readers', or what it read through the run's)."""
@@ -252,7 +262,7 @@ def run_loop(cfg, run, store, plan, runtime, t_enter, device, mix, ranks=None, f
         add_losses(losses.flush())
         before = runtime.io()
         with timers("eval"):
-            accs = accuracies()
+            got = evaluations()
             trim_heap()                            # its blocks' pieces: not left in the RSS under the steps
         if evaluator.reads_in_run:                 # else a background load may be what was read
             excluded.__iadd__(runtime.io() - before)
@@ -264,14 +274,14 @@ def run_loop(cfg, run, store, plan, runtime, t_enter, device, mix, ranks=None, f
         wall_s, rss = ranks.max([st["train_s"], peak_rss()])
         rows.append({"wall_s": round(wall_s, 4), "epoch": epoch, "step": step,
                      "train_loss": loss_sum / loss_n if loss_n else float("nan"),
-                     "val_acc": accs["val"], "test_acc": accs["test"],
+                     **{f"{split}_{m}": got[split][m] for split in ("val", "test") for m in METRICS},
                      "bytes_read": int(bytes_read), "requests": int(requests), "peak_rss": int(rss),
                      "eval_bytes_read": int(eval_bytes), "eval_requests": int(eval_requests),
                      **{k: int(v) for k, v in zip(more, more_sums)}})
         st["loss_sum"], st["loss_n"] = 0.0, 0
         if writes:
             run.write_csv("log.csv", pd.DataFrame(rows, columns=log_columns))
-        return accs
+        return got
 
     def checkpoint(step):
         add_losses(losses.flush())
@@ -369,8 +379,8 @@ def run_loop(cfg, run, store, plan, runtime, t_enter, device, mix, ranks=None, f
             last_of_epoch = g + 1 == len(slots) or slots[g + 1][0] != epoch
             if (cfg.eval_every and (g + 1) % cfg.eval_every == 0) or (not cfg.eval_every and last_of_epoch) \
                     or g + 1 == len(slots):
-                accs = log_eval(epoch, g + 1)
-                bar.set_postfix(val=f"{accs['val']:.3f}", loss=f"{rows[-1]['train_loss']:.3f}")
+                got = log_eval(epoch, g + 1)
+                bar.set_postfix(val=f"{got['val'][cfg.target_metric]:.3f}", loss=f"{rows[-1]['train_loss']:.3f}")
             if cfg.checkpoint_every and (g + 1) % cfg.checkpoint_every == 0 and g + 1 < len(slots):
                 checkpoint(g + 1)
             if i is not None:
@@ -394,17 +404,20 @@ def run_loop(cfg, run, store, plan, runtime, t_enter, device, mix, ranks=None, f
     # a run cut by max_steps is extrapolated to a whole epoch at its mean step rate
     train_s = st["train_s"]
     epochs_run = len(slots) / max(1, epoch_steps) if truncated else cfg.epochs
-    best = int(log["val_acc"].idxmax())
-    reached = log[log["val_acc"] >= cfg.target_acc] if cfg.target_acc else log.iloc[:0]
+    target = log[f"val_{cfg.target_metric}"]     # a validation split of one class has no AUC: then accuracy's
+    best = int((target if target.notna().any() else log["val_acc"]).idxmax())
+    reached = log[target >= cfg.target_acc] if cfg.target_acc else log.iloc[:0]
     stage = {k: round(v, 3) for k, v in {**timers.s, **{f"bg_{k}": v for k, v in runtime.timers.items()}}.items()}
     summary = {
         "policy": cfg.policy, "model": cfg.model, "store": str(store.path), "seed": cfg.seed,
         "epochs": cfg.epochs, "steps": len(slots), "epoch_steps": epoch_steps, "resumed_at": start,
         "train_s": round(train_s, 3), "epoch_s": round(train_s / epochs_run, 3),
         "setup_s": round(setup_s, 3), "stage_s": stage,
-        "best_val_acc": float(log["val_acc"][best]), "test_at_best_val": _metric(log["test_acc"][best]),
+        # each metric's best validation value, and its test value where the target metric's validation peaked
+        **{k: v for m in METRICS for k, v in zip(summary_keys(m), (_metric(log[f"val_{m}"].max()),
+                                                                    _metric(log[f"test_{m}"][best])))},
         "final_val_acc": float(log["val_acc"].iloc[-1]), "final_test_acc": _metric(log["test_acc"].iloc[-1]),
-        "target_acc": cfg.target_acc,
+        "target_metric": cfg.target_metric, "target_acc": cfg.target_acc,
         "time_to_target_s": float(reached["wall_s"].iloc[0]) if len(reached) else None,
         "io": {**io.as_dict(), "reader": reader},
         # pages moved per useful byte: a scattered row costs its 4 KiB page (issue 38); 1.0 for whole pages

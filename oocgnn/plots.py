@@ -8,10 +8,12 @@ from types import SimpleNamespace
 import numpy as np
 import pandas as pd
 
+from .metrics import METRICS, NAMES, summary_keys
 from .rundir import load_run
 
 
 MIXING_COLUMNS = {"parts_mean": "mixing_parts", "tv_mean": "mixing_tv_mean", "tv_max": "mixing_tv_max"}
+SUMMARY_METRICS = [key for m in METRICS for key in summary_keys(m)]   # best_val_acc, test_at_best_val, ...
 
 
 def load_runs(run_dirs) -> pd.DataFrame:
@@ -28,7 +30,8 @@ def load_runs(run_dirs) -> pd.DataFrame:
         log.insert(2, "policy", cfg["policy"])
         log.insert(3, "model", cfg["model"])
         log.insert(4, "seed", cfg["seed"])
-        log["best_val_acc"], log["test_at_best_val"] = summary["best_val_acc"], summary["test_at_best_val"]
+        for key in SUMMARY_METRICS:               # runs from before macro-F1 and ROC-AUC have none of theirs
+            log[key] = summary.get(key)
         mix = summary.get("mixing") or {}          # runs from before `oocgnn.mixing` have none
         for key, col in MIXING_COLUMNS.items():
             log[col] = mix.get(key)
@@ -37,14 +40,15 @@ def load_runs(run_dirs) -> pd.DataFrame:
 
 
 def seed_table(runs: pd.DataFrame) -> pd.DataFrame:
-    """One row per group of `load_runs`: its policy, seeds and accuracies as mean ± std over them."""
+    """One row per group of `load_runs`: its policy, seeds, accuracies, macro-F1 and (binary labels)
+    ROC-AUC as mean ± std over them."""
     from .seeds import format_mean_std, mean_std  # torch: imported when used, not with this module
     rows = []
     for group, g in runs.groupby("group" if "group" in runs else "run", sort=False):
         last = g.groupby("run", sort=False).tail(1)        # one row per run: its summary's values
         rows.append({"group": group, "policy": last["policy"].iloc[0], "seeds": ",".join(map(str, last["seed"])),
-                     **{m: format_mean_std(mean_std(last[m])) for m in ("best_val_acc", "test_at_best_val")
-                        if m in last},
+                     **{key: format_mean_std(mean_std(last[key])) for m in METRICS for key in summary_keys(m)
+                        if last[summary_keys(m)[0]].notna().any()},      # AUC: binary labels only
                      "final_test_acc": format_mean_std(mean_std(last["test_acc"]))})
     return pd.DataFrame(rows)
 
@@ -76,21 +80,22 @@ def plot_time_to_accuracy(runs: pd.DataFrame, ax=None, metric="val_acc", title=N
 
 
 def plot_comparison(table: pd.DataFrame, logs: pd.DataFrame, target=None, feature_bytes=None, title="",
-                    note=""):
-    """`compare.compare`'s answer in three panels: validation accuracy against training time per policy
-    (the target dashed), the time each took to the target, and what each read per epoch (the feature
-    file's size marked). A policy that did not run is named in the bar panels with its reason's start."""
+                    note="", metric="acc"):
+    """`compare.compare`'s answer in three panels: validation `metric` (its --target-metric) against
+    training time per policy (the target dashed), the time each took to the target, and what each read per
+    epoch (the feature file's size marked). A policy that did not run is named in the bar panels with its
+    reason's start."""
     import matplotlib.pyplot as plt
     fig, (a, b, c) = plt.subplots(1, 3, figsize=(16, 4.6), gridspec_kw={"width_ratios": [5, 3, 3]})
     policies = list(table["policy"])
     colours = {p: plt.cm.tab10(i % 10) for i, p in enumerate(policies)}
     for p, log in logs.groupby("policy", sort=False):
-        a.plot(log["wall_s"], log["val_acc"], marker="o", ms=3, color=colours[p], label=p)
+        a.plot(log["wall_s"], log[f"val_{metric}"], marker="o", ms=3, color=colours[p], label=p)
     if target:
         a.axhline(target, color="k", ls="--", lw=0.8, label=f"target {target:.3f}")
     a.set_xlabel("training wall time (s)")
-    a.set_ylabel("validation accuracy")
-    a.set_title("time to accuracy")
+    a.set_ylabel(f"validation {NAMES[metric]}")
+    a.set_title(f"time to {NAMES[metric]}")
     a.legend(fontsize=8)
     y = np.arange(len(table))[::-1]
     ran = table["best_val_acc"].notna().to_numpy()
@@ -170,28 +175,30 @@ def savefig(fig, name: str):
     save_figure(fig, figures_dir() / f"{name}.png")
 
 
-def plot_sweep(logs: pd.DataFrame, summary: pd.DataFrame, param: str, metric="val_acc", zoom=0.02):
-    """Two panels: accuracy against training time per value of `param`, and final accuracy vs `param`.
-    `zoom`: the time-to-accuracy axis starts this far below the first evaluation after t = 0 (every
-    run starts near chance at t = 0); None shows it all."""
+def plot_sweep(logs: pd.DataFrame, summary: pd.DataFrame, param: str, metric="acc", zoom=0.02):
+    """Two panels: validation `metric` (acc, f1 or auc: `metrics.METRICS`) against training time per value
+    of `param`, and its test value at the best validation vs `param`. `zoom`: the time-to-accuracy axis
+    starts this far below the first evaluation after t = 0 (every run starts near chance at t = 0); None
+    shows it all."""
     import matplotlib.pyplot as plt
+    curve, name = f"val_{metric}", NAMES[metric]
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
     for value, log in logs.groupby(param, sort=True):
-        mean = log.groupby("step")[["wall_s", metric]].mean()
-        std = log.groupby("step")[metric].std(ddof=1).fillna(0.0)      # over seeds: a ± std band
-        line, = a.plot(mean["wall_s"], mean[metric], marker="o", ms=3, label=f"{param}={value}")
-        a.fill_between(mean["wall_s"], mean[metric] - std, mean[metric] + std, color=line.get_color(), alpha=0.2)
+        mean = log.groupby("step")[["wall_s", curve]].mean()
+        std = log.groupby("step")[curve].std(ddof=1).fillna(0.0)      # over seeds: a ± std band
+        line, = a.plot(mean["wall_s"], mean[curve], marker="o", ms=3, label=f"{param}={value}")
+        a.fill_between(mean["wall_s"], mean[curve] - std, mean[curve] + std, color=line.get_color(), alpha=0.2)
     a.set_xlabel("training wall time (s)")
-    a.set_ylabel(metric.replace("_", " "))
-    a.set_title("time to accuracy")
+    a.set_ylabel(f"validation {name}")
+    a.set_title(f"time to {name}")
     a.legend(fontsize=8)
     if zoom is not None and (logs["step"] > 0).any():
-        a.set_ylim(logs.loc[logs["step"] > 0, metric].min() - zoom, None)
-    agg = summary.groupby(param)["test_at_best_val"].agg(["mean", "std"]).reset_index()
+        a.set_ylim(logs.loc[logs["step"] > 0, curve].min() - zoom, None)
+    agg = summary.groupby(param)[summary_keys(metric)[1]].agg(["mean", "std"]).reset_index()
     b.errorbar(agg[param].astype(str), agg["mean"], yerr=agg["std"].fillna(0), marker="o", capsize=3)
     b.set_xlabel(param)
-    b.set_ylabel("test accuracy at best validation")
-    b.set_title(f"accuracy vs {param}")
+    b.set_ylabel(f"test {name} at best validation")
+    b.set_title(f"{name} vs {param}")
     return fig
 
 

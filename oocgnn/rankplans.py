@@ -33,6 +33,7 @@ from .distributed import (TRAFFIC, Exchange, RankFeatures, batch_key, fetch_macr
                           sample_macrobatch, steps_per_epoch)
 from .errors import UserError
 from .io import IOStats, range_chunks
+from .metrics import Tally
 from .policies import evened, fitting_parts, resolve_static_ratio
 from .policies.sampleahead import MacrobatchPlan as BatchGNNPlan
 from .sampler import Sampler
@@ -394,18 +395,19 @@ class ExchangeEvaluation:
 
     def __init__(self, cfg, plan, runtime, store, sets, labels, device):
         self.cfg, self.runtime, self.labels, self.sets = cfg, runtime, labels, sets
+        self.num_classes = store.num_classes
         self.sampler = Sampler(runtime.lists, [int(f) for f in cfg.eval_fanouts.split(",")], cfg.seed + 7)
         most = torch.tensor([steps_per_epoch(len(ids), cfg.eval_batch_size) for ids in sets.values()])
         dist.all_reduce(most, op=dist.ReduceOp.MAX)   # every rank's count of batches: the most
         self.batches = dict(zip(sets, most.tolist()))
 
-    def correct(self, model) -> dict:
+    def tallies(self, model) -> dict:
         rt, k, size = self.runtime, exchange_k(self.cfg), self.cfg.eval_batch_size
         model.eval()
         out = {}
         with torch.no_grad():
             for split, ids in self.sets.items():
-                correct, nb = 0, self.batches[split]
+                tally, nb = Tally(self.num_classes), self.batches[split]
                 batches = [ids[i * size:(i + 1) * size] for i in range(nb)]
                 for c in range(0, nb, k):
                     keys = [batch_key(b, rt.data.rank, rt.data.world) for b in range(c, c + len(batches[c:c + k]))]
@@ -414,10 +416,9 @@ class ExchangeEvaluation:
                     mb = fetch_macrobatch(samples, rt.features, rt.exchange, counted=False)
                     for s in samples:
                         if len(s.output_nodes):
-                            x, y = rt.h2d([mb.gather(s.input_nodes), self.labels[torch.from_numpy(s.output_nodes)]],
-                                          s.blocks)
-                            correct += int((model(s.blocks, x).argmax(1) == y).sum())
-                out[split] = correct
+                            x, = rt.h2d([mb.gather(s.input_nodes)], s.blocks)
+                            tally.add(model(s.blocks, x).cpu(), self.labels[torch.from_numpy(s.output_nodes)])
+                out[split] = tally
         model.train()
         return out
 

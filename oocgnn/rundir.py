@@ -22,6 +22,8 @@ from .errors import UserError, first_line
 RUN_FILES = ("config.json", "log.csv", "steps.csv", "summary.json", "checkpoint.pt")
 LOG_COLUMNS = ["wall_s", "epoch", "step", "train_loss", "val_acc", "test_acc",
                "bytes_read", "requests", "peak_rss"]
+METRIC_LOG_COLUMNS = ["val_f1", "test_f1", "val_auc", "test_auc"]   # macro-F1, ROC-AUC (NaN unless binary labels);
+#                                                       not required of a log (runs before them load)
 EVAL_LOG_COLUMNS = ["eval_bytes_read", "eval_requests"]   # evaluation's reads so far (features and lists), beside
 #                                                       the run's; not required of a log (runs before them load)
 STEP_COLUMNS = ["epoch", "batch", "seconds", "bytes_read", "pages", "requests", "io_seconds",
@@ -114,7 +116,8 @@ def read_json(path: Path) -> dict:
 
 
 def load_run(path) -> tuple[dict, pd.DataFrame, dict]:
-    """(config, log, summary) of a finished run, checked: every file present and readable, from one run."""
+    """(config, log, summary) of a finished run, checked: every file present and readable, from one run; the
+    log's metric columns are NaN where it has none (a run from before them)."""
     path = Path(path)
     if not path.is_dir():
         raise UserError(f"{path} is not a run directory")
@@ -137,7 +140,7 @@ def load_run(path) -> tuple[dict, pd.DataFrame, dict]:
     for key in ("policy", "model", "seed"):
         if key not in cfg:
             raise UserError(f"{path / 'config.json'} has no {key!r}")
-    return cfg, log[LOG_COLUMNS], summary
+    return cfg, log.reindex(columns=LOG_COLUMNS + METRIC_LOG_COLUMNS), summary   # an older log's metrics: NaN
 
 
 def default_run_dir(cfg: TrainConfig) -> Path:

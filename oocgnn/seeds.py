@@ -2,7 +2,8 @@
 
 `train_seeds(cfg, seeds)` trains `cfg` once per seed into `<run dir>/seed<S>` and writes
 `aggregate.json` (per summary metric: mean, std, n and the values) and `aggregate_log.csv` (per
-evaluation index: the seeds' mean and std of wall time and accuracies) to the run directory.
+evaluation index: the seeds' mean and std of wall time, accuracies, macro-F1 and ROC-AUC) to the run
+directory.
 `aggregate_rows` is the same statistic over any table of runs (the sweep table's seeds axis).
 The standard deviation is the sample one (ddof = 1; 0 for a single seed).
 """
@@ -20,9 +21,10 @@ from .errors import UserError
 from .rundir import default_run_dir, load_run, resumed_config
 from .train import train
 
-METRICS = ("best_val_acc", "test_at_best_val", "final_val_acc", "final_test_acc", "train_s", "epoch_s",
-           "time_to_target_s", "peak_rss")
-CURVE = ("wall_s", "val_acc", "test_acc", "train_loss")
+METRICS = ("best_val_acc", "test_at_best_val", "best_val_f1", "test_f1_at_best_val", "best_val_auc",
+           "test_auc_at_best_val", "final_val_acc", "final_test_acc", "train_s", "epoch_s", "time_to_target_s",
+           "peak_rss")
+CURVE = ("wall_s", "val_acc", "test_acc", "val_f1", "test_f1", "val_auc", "test_auc", "train_loss")
 
 
 def mean_std(values) -> dict:
@@ -46,7 +48,7 @@ def aggregate_logs(logs: list) -> pd.DataFrame:
     frame = pd.concat([log.iloc[:n].reset_index(drop=True).assign(i=range(n)) for log in logs])
     g = frame.groupby("i")
     out = pd.DataFrame({"epoch": g["epoch"].first(), "step": g["step"].first()})
-    for col in CURVE:
+    for col in (c for c in CURVE if c in frame and frame[c].notna().any()):   # AUC: binary labels only
         out[f"{col}_mean"] = g[col].mean()
         out[f"{col}_std"] = g[col].std(ddof=1).fillna(0.0)
     out["seeds"] = len(logs)

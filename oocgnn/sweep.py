@@ -17,17 +17,18 @@ from .seeds import aggregate_rows
 from .store import open_store
 from .train import train
 
-SUMMARY_COLUMNS = ["train_s", "epoch_s", "best_val_acc", "test_at_best_val", "final_val_acc",
-                   "final_test_acc", "time_to_target_s", "resident_bytes", "peak_rss", "history_hits"]
+SUMMARY_COLUMNS = ["train_s", "epoch_s", "best_val_acc", "test_at_best_val", "best_val_f1", "test_f1_at_best_val",
+                   "best_val_auc", "test_auc_at_best_val", "final_val_acc", "final_test_acc", "time_to_target_s",
+                   "resident_bytes", "peak_rss", "history_hits"]
 
 
 def run_grid(base: TrainConfig, grid: dict, seeds=(0,), out_root="runs/sweep",
              on_run=None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Train `base` with every combination in `grid` ({setting: [values]}) and every seed.
 
-    Returns (logs, summaries): every run's log.csv rows labelled by its settings, and one
-    row per run with its summary (time, accuracy, bytes read, stage seconds). `on_run(i, n, settings)`,
-    if given, is called before run i of n (a widget's progress bar).
+    Returns (logs, summaries): every run's log.csv rows labelled by its settings, and one row per run
+    with its summary (time, accuracy, macro-F1, ROC-AUC, bytes read, stage seconds). `on_run(i, n,
+    settings)`, if given, is called before run i of n (a widget's progress bar).
     """
     bad = set(grid) - set(SETTINGS)
     if bad:

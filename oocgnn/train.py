@@ -7,9 +7,9 @@ resident rows and the readers, the model run through the plan's history stage (O
 loop every run shares (`oocgnn.loop`). Simulated and executed I/O of the same run agree (a test).
 
 Every run writes `config.json`, `log.csv` (one row per evaluation: training wall time
-without evaluation, accuracy, bytes and requests read), `steps.csv` (one row per step: its
-seconds and the reads made while it ran, background loads included) and `summary.json` (stage
-timers, I/O, memory accounting, time to a target accuracy) to its run directory.
+without evaluation, accuracy, macro-F1 and ROC-AUC (`oocgnn.metrics`), bytes and requests read),
+`steps.csv` (one row per step: its seconds and the reads made while it ran, background loads included)
+and `summary.json` (stage timers, I/O, memory accounting, time to a target accuracy) to its run directory.
 """
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ from .device import cuda_host_memory, resolve_device
 from .disttrain import exchanges, joined, rank_config
 from .errors import UserError
 from .loop import Ranks, run_loop, seed_everything
+from .metrics import check_target
 from .mixing import mixing
 from .policies import make_plan
 from .rundir import RunDir, check_same_store, default_run_dir, read_json, resumed_config
@@ -64,6 +65,7 @@ def _train(cfg, run, ranks, t_enter) -> dict:
     own_rows = ranks.distributed and exchanges(cfg)   # ranks holding only their own rows (BatchGNN's exchanges)
     store = None if own_rows else open_store(cfg.store)   # a bad store is refused before --out is made
     if store is not None:
+        check_target(cfg.target_metric, store.num_classes)
         for split in ("train", "val"):
             if not len(getattr(store, f"{split}_idx")):
                 raise UserError(f"{store.path}: the {split} split is empty; a run needs training and validation "
@@ -113,6 +115,7 @@ def _train(cfg, run, ranks, t_enter) -> dict:
 def _train_own_rows(cfg, run, ranks, t_enter) -> dict:
     """A rank that holds only its own rows and lists, from the store or its shard (`shards.RankData`)."""
     data = RankData.open(cfg.store, ranks.world, ranks.rank)
+    check_target(cfg.target_metric, data.num_classes)
     if cfg.resume:
         check_same_store(run, data.meta)
     ranks.bounds = data.bounds

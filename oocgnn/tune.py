@@ -8,7 +8,8 @@ calibrated CPU costs, overlapped as the policy pipelines), and trains the `top` 
 for a short run each — the fastest knobs of the `top` fastest predicted policies, since what the cost
 model cannot see is accuracy — for `cfg.epochs`, cut so that all of them fit `time_limit`. The choice is the run
 that reached `cfg.target_acc` soonest (or, without a target or when none reached it, the fastest
-epoch among those within a point of the best accuracy). The run directory gets `ranking.csv` (every
+epoch among those within a point of the best), in the validation metric `cfg.target_metric` (accuracy,
+macro-F1 or ROC-AUC: `oocgnn.metrics`). The run directory gets `ranking.csv` (every
 candidate: fits or why not, predicted and, for the runs, measured), `chosen.json` (a config for
 `oocgnn train --config`), `tune.json` and `predicted_vs_measured.png`.
 """
@@ -24,6 +25,7 @@ import pandas as pd
 
 from .costmodel import calibrate, measure_disk, predict
 from .errors import UserError
+from .metrics import METRICS, NAMES, check_target, summary_keys
 from .mixing import mixing
 from .plots import save_figure
 from .policies import POLICIES, make_plan
@@ -34,6 +36,7 @@ from .units import parse_size
 GRID = {name: [dict(k) for k in plan.grid] for name, plan in POLICIES.items()}
 TUNE_FILES = {"tune.json", "ranking.csv", "chosen.json", "predicted_vs_measured.png", "runs"}   # what it writes
 MEGABATCH_KEEP = 3      # mega-batch policies: only the largest N_d that fit (more parts per mega-batch mix better)
+RESULTS = ["measured_s", "ratio", *(key for m in METRICS for key in summary_keys(m)), "time_to_target_s"]  # measured
 
 
 def _label(policy, knobs) -> str:
@@ -102,23 +105,24 @@ def rank(store, cfg, rates, costs, policies=None, steps=None, progress=True) -> 
     return df
 
 
-def choose(measured: pd.DataFrame, target_acc=0.0) -> int:
-    """Index of the chosen run: the soonest to `target_acc`; else the fastest epoch among the runs within
-    a point of the best validation accuracy."""
+def choose(measured: pd.DataFrame, target_acc=0.0, metric="acc") -> int:
+    """Index of the chosen run: the soonest to `target_acc` (of `metric`: the runs' time_to_target_s); else
+    the fastest epoch among the runs within a point of the best validation `metric`."""
     reached = measured[measured.time_to_target_s.notna()] if target_acc else measured.iloc[:0]
     if len(reached):
         return int(reached.time_to_target_s.idxmin())
-    good = measured[measured.best_val_acc >= measured.best_val_acc.max() - 0.01]
+    best = measured[summary_keys(metric)[0]]
+    good = measured[best >= best.max() - 0.01]
     return int(good.measured_s.idxmin())
 
 
 def run_candidates(cfg, ranking, which, out, seconds=0.0, log=print) -> pd.DataFrame:
     """Train the candidates `which` (index labels of a `rank` frame) for `cfg.epochs` each, in fresh
     processes, each cut to about `seconds` at its predicted step time when given; `ranking` with their
-    measured epoch seconds, predicted/measured ratio, accuracies and time to `cfg.target_acc` filled in."""
+    measured epoch seconds, predicted/measured ratio, metrics and time to `cfg.target_acc` filled in."""
     from .train import train_fresh  # torch: imported when used, not with this module
     ranking = ranking.copy()
-    for col in ("measured_s", "ratio", "best_val_acc", "test_at_best_val", "time_to_target_s"):
+    for col in RESULTS:
         ranking[col] = ranking.get(col, np.nan)
     ranking["run_dir"] = ranking.get("run_dir", "")
     for i in which:
@@ -130,11 +134,12 @@ def run_candidates(cfg, ranking, which, out, seconds=0.0, log=print) -> pd.DataF
                         progress=False, resume="", checkpoint_every=0)
         log(f"training {r.config} for {steps} steps ...")
         s = train_fresh(c)
-        ranking.loc[i, ["measured_s", "ratio", "best_val_acc", "test_at_best_val", "time_to_target_s"]] = [
-            s["epoch_s"], r.predicted_s / s["epoch_s"], s["best_val_acc"], s["test_at_best_val"],
-            np.nan if s["time_to_target_s"] is None else s["time_to_target_s"]]
+        values = {"measured_s": s["epoch_s"], "ratio": r.predicted_s / s["epoch_s"], **s}
+        ranking.loc[i, RESULTS] = [np.nan if values[k] is None else values[k] for k in RESULTS]
         ranking.loc[i, "run_dir"] = s["run_dir"]
-        log(f"  measured {s['epoch_s']:.2f} s/epoch (predicted {r.predicted_s:.2f}), best val {s['best_val_acc']:.4f}"
+        best = summary_keys(cfg.target_metric)[0]
+        log(f"  measured {s['epoch_s']:.2f} s/epoch (predicted {r.predicted_s:.2f}), best val "
+            f"{NAMES[cfg.target_metric]} {s[best]:.4f}"
             + (f", target in {s['time_to_target_s']:.1f} s" if s["time_to_target_s"] is not None else ""))
     return ranking
 
@@ -154,8 +159,9 @@ def tune(cfg, out, top=3, time_limit=0.0, predict_steps=None, policies=None, cac
     others = sorted(p.name for p in out.iterdir() if p.name not in TUNE_FILES) if out.is_dir() else []
     if others:                                     # an interrupted tune left only its own: taken again
         raise UserError(f"{out} holds other files ({', '.join(others[:3])}); give --out a new or a tune directory")
-    out.mkdir(parents=True, exist_ok=True)
     store = open_store(cfg.store)
+    check_target(cfg.target_metric, store.num_classes)
+    out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     rates = measure_disk(store, cache=cache, refresh=remeasure_disk)
     log(f"disk{'' if remeasure_disk else ' (cached per device; --remeasure-disk to measure it now)'}: "
@@ -175,7 +181,7 @@ def tune(cfg, out, top=3, time_limit=0.0, predict_steps=None, policies=None, cac
     runs = list(fits.drop_duplicates("policy").index[:top])       # each policy's fastest knobs
     share = time_limit / len(runs) if time_limit else 0.0
     ranking = run_candidates(cfg, ranking, runs, out / "runs", seconds=share, log=log)
-    chosen = choose(ranking.loc[runs], cfg.target_acc)
+    chosen = choose(ranking.loc[runs], cfg.target_acc, cfg.target_metric)
     ranking["chosen"] = ranking.index == chosen
     pick = ranking.loc[chosen]
     config = cfg.replace(policy=pick.policy, **json.loads(pick.knobs), out="", force=False, resume="",
@@ -183,10 +189,11 @@ def tune(cfg, out, top=3, time_limit=0.0, predict_steps=None, policies=None, cac
     config.pop("memory_budget_bytes", None)
     (out / "chosen.json").write_text(json.dumps(config, indent=1))
     ranking.to_csv(out / "ranking.csv", index=False)
+    best = summary_keys(cfg.target_metric)[0]
     summary = {"chosen": pick.config, "store": str(store.path), "memory_budget": cfg.memory_budget,
-               "target_acc": cfg.target_acc, "time_limit": time_limit, "top": top, "seconds": time.perf_counter() - t0,
-               "disk": rates.__dict__, "calibration": costs.__dict__,
-               "measured": ranking.loc[runs, ["config", "predicted_s", "measured_s", "ratio", "best_val_acc",
+               "target_metric": cfg.target_metric, "target_acc": cfg.target_acc, "time_limit": time_limit, "top": top,
+               "seconds": time.perf_counter() - t0, "disk": rates.__dict__, "calibration": costs.__dict__,
+               "measured": ranking.loc[runs, ["config", "predicted_s", "measured_s", "ratio", best,
                                               "time_to_target_s"]].to_dict("records")}
     (out / "tune.json").write_text(json.dumps(summary, indent=1, default=str))
     _figure(ranking, out / "predicted_vs_measured.png", f"{Path(store.path).name}, budget {cfg.memory_budget}")

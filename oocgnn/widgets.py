@@ -13,8 +13,10 @@ import time
 
 from .config import TrainConfig
 from .errors import UserError
+from .metrics import NAMES, summary_keys
 from .plots import plot_sweep
 from .policies import POLICIES
+from .store import open_store
 from .sweep import mixing_warnings, seed_table, sweep
 
 
@@ -64,10 +66,11 @@ def parse_values(text: str, kind: type, knob: str) -> list:
 
 
 def sweep_widget(base: TrainConfig, knobs: dict, seeds=(0,), out_root="runs/sweep"):
-    """A small form: policy and knob dropdowns, values text box, epochs, Run button; below it a progress
-    bar (run i of n), a status line, a line per value whose groups mix poorly (shown before the runs:
-    `sweep.mixing_warnings`), the summary table and the sweep's plots (time to accuracy per value,
-    accuracy against the knob), redrawn on every run. `knobs` maps a setting (`config.SETTINGS`) to
+    """A small form: policy and knob dropdowns, values text box, epochs, the metric (accuracy, macro-F1, and
+    ROC-AUC for binary labels: the runs' --target-metric and what the plots show), Run button; below it a
+    progress bar (run i of n), a status line, a line per value whose groups mix poorly (shown before the
+    runs: `sweep.mixing_warnings`), the summary table and the sweep's plots (time to the metric per value,
+    the metric against the knob), redrawn on every run. `knobs` maps a setting (`config.SETTINGS`) to
     default values, e.g. {"static_ratio": [0, 0.01, 0.04], "passes": [1, 2, 3]}.
     The returned box keeps the last sweep as `box.result` = (logs, summary, figure)."""
     import ipywidgets as w
@@ -76,6 +79,9 @@ def sweep_widget(base: TrainConfig, knobs: dict, seeds=(0,), out_root="runs/swee
     values = w.Text(value=", ".join(map(str, knobs[knob.value])), description="values")
     policy = w.Dropdown(options=list(POLICIES), value=base.policy, description="policy")
     epochs = w.IntSlider(value=base.epochs, min=1, max=30, description="epochs")
+    choices = ["acc", "f1"] + (["auc"] if open_store(base.store, verify=False).num_classes == 2 else [])
+    metric = w.Dropdown(options=[(NAMES[m], m) for m in choices], description="metric",
+                        value=base.target_metric if base.target_metric in choices else "acc")
     run = w.Button(description="Run sweep", button_style="primary")
     progress = w.IntProgress(value=0, min=0, max=1, description="runs")
     status, warnings = w.HTML(), w.HTML()
@@ -96,17 +102,17 @@ def sweep_widget(base: TrainConfig, knobs: dict, seeds=(0,), out_root="runs/swee
                 progress.value = i
                 shown = ", ".join(f"{k}={v}" for k, v in settings.items())
                 status.value = _status("busy", f"run {i + 1} of {n}: {shown}")
-            cfg = base.replace(policy=policy.value, epochs=epochs.value, progress=False)
+            cfg = base.replace(policy=policy.value, epochs=epochs.value, progress=False, target_metric=metric.value)
             # before any run: the values whose groups mix poorly (`oocgnn.mixing`), one line each
             warnings.value = "<br>".join(_status("warning", line) for line in mixing_warnings(cfg, {knob.value: vals}))
             logs, summary = sweep(cfg, knob.value, vals, seeds, out_root=out_root, on_run=started)
             progress.value = n
             status.value = _status("done", f"run {n} of {n} finished ({time.perf_counter() - t0:.0f} s)")
-            fig = plot_sweep(logs, summary, knob.value)
+            fig = plot_sweep(logs, summary, knob.value, metric.value)
             box.result = (logs, summary, fig)
             out.append_display_data(summary)
             if summary["seed"].nunique() > 1:        # mean ± std over the seeds, per setting
-                out.append_display_data(seed_table(summary))
+                out.append_display_data(seed_table(summary, (*summary_keys(metric.value), "train_s")))
             out.append_display_data(figure_png(fig))
         except Exception as e:          # noqa: BLE001 - shown in the widget, as one line
             status.value = _status("error", error_line(e))
@@ -115,10 +121,10 @@ def sweep_widget(base: TrainConfig, knobs: dict, seeds=(0,), out_root="runs/swee
 
     knob.observe(on_knob, names="value")
     run.on_click(on_run)
-    box = w.VBox([w.HBox([policy, knob, values]), w.HBox([epochs, run]), w.HBox([progress, status]), warnings,
-                  out])
+    box = w.VBox([w.HBox([policy, knob, values]), w.HBox([epochs, metric, run]), w.HBox([progress, status]),
+                  warnings, out])
     box.result = None
-    box.controls = {"policy": policy, "knob": knob, "values": values, "epochs": epochs, "run": run,
+    box.controls = {"policy": policy, "knob": knob, "values": values, "epochs": epochs, "metric": metric, "run": run,
                     "progress": progress, "status": status, "warnings": warnings, "output": out}
     display(box)
     return box

@@ -45,6 +45,7 @@ def test_a_policy_that_cannot_fit_raises_its_own_refusal(fennel16):
 def test_time_to_is_the_first_evaluation_at_the_target():
     log = pd.DataFrame({"wall_s": [0.0, 1.0, 2.0, 3.0], "val_acc": [0.1, 0.5, 0.8, 0.7]})
     assert time_to(log, 0.5) == 1.0 and time_to(log, 0.75) == 2.0 and time_to(log, 0.9) is None
+    assert time_to(log.assign(val_f1=[0.1, 0.3, 0.4, 0.6]), 0.5, "f1") == 3.0      # of --target-metric
 
 
 def test_compare_keeps_a_row_for_every_policy(fennel16, tmp_path, monkeypatch):

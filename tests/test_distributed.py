@@ -236,6 +236,24 @@ def test_distributed_evaluates_every_n_steps(fennel16, tmp_path):
     assert steps == [0, *range(3, s["steps"] + 1, 3)] + ([s["steps"]] if s["steps"] % 3 else [])
 
 
+@pytest.mark.parametrize("rank_data", ["own", "shared"])
+def test_two_ranks_evaluate_the_metrics_of_one_process(binary, tmp_path, rank_data):
+    """The evaluation before any step (the same initial weights everywhere), with full neighbourhoods (the
+    same logits however the nodes are batched): the ranks' confusion counts summed and scores gathered give
+    one process's accuracy, macro-F1 and ROC-AUC (own rows: exchanged batches; shared: layer-wise per rank)."""
+    import pandas as pd
+    from oocgnn.config import TrainConfig
+    from oocgnn.train import train
+    args = ("--epochs", 1, "--max-steps", 1, "--eval-fanouts=-1,-1", "--rank-data", rank_data)
+    _torchrun(binary.path, 2, tmp_path / "two", *args)
+    train(TrainConfig.create(store=str(binary.path), epochs=1, max_steps=1, batch_size=64, fanouts="5,5",
+                             eval_fanouts="-1,-1", max_eval_nodes=0, device="cpu", progress=False,
+                             out=str(tmp_path / "one")))
+    cols = ["val_acc", "test_acc", "val_f1", "test_f1", "val_auc", "test_auc"]
+    two, one = (pd.read_csv(tmp_path / d / "log.csv")[cols].iloc[0] for d in ("two", "one"))
+    assert two.notna().all() and two.tolist() == pytest.approx(one.tolist(), abs=1e-12), (two, one)
+
+
 def test_a_dead_rank_ends_the_other_with_a_clear_error(fennel16, tmp_path):
     port, out = _free_port(), tmp_path / "run"
     procs = []

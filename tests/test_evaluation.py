@@ -93,7 +93,7 @@ def test_a_runs_layerwise_evaluation_stays_within_the_budget(tmp_path):
 
 def test_full_neighbourhoods_equal_at_any_batch_size_and_when_spilled(setting):
     """Full neighbourhoods (DGL's offline inference): equal to per-batch evaluation in many batches,
-    also when the budget sends every table to a temporary file; accuracy equals `loop.evaluate`'s."""
+    also when the budget sends every table to a temporary file; the confusion counts equal `loop.evaluate`'s."""
     store, feats, nodes = setting
     torch.manual_seed(1)
     model = build_model("sage", store.feat_dim, 32, store.num_classes, 2)
@@ -107,10 +107,11 @@ def test_full_neighbourhoods_equal_at_any_batch_size_and_when_spilled(setting):
                           budget=1 << 20)
     assert small.read_chunk == (1 << 20) // 4, "the read buffer is a share of the budget, not a fixed 64 MiB"
     labels = torch.from_numpy(store.compact_labels())
-    accs = ev.accuracy(model, labels, {"val": store.val_idx, "test": store.test_idx})
+    tallies = ev.tallies(model, labels, {"val": store.val_idx, "test": store.test_idx}, store.num_classes)
     gather = lambda ids: feats[torch.from_numpy(ids)]   # noqa: E731
     for name, ids in (("val", store.val_idx), ("test", store.test_idx)):
-        assert accs[name] == evaluate(model, sampler, gather, labels, ids, 50)
+        want = evaluate(model, sampler, gather, labels, ids, 50, store.num_classes)
+        assert np.array_equal(tallies[name].confusion, want.confusion) and tallies[name].confusion.sum() == len(ids)
 
 
 def test_each_input_row_read_once_in_store_order(setting):

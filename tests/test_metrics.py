@@ -1,12 +1,21 @@
-"""Macro-F1 and ROC-AUC against scikit-learn's (the oracle), and the tallies evaluation keeps."""
+"""Macro-F1 and ROC-AUC against scikit-learn's (the oracle), the tallies evaluation keeps, and the metrics
+in a run: log.csv, summary.json, --target-metric, `report` over a log from before them."""
+import json
 import warnings
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 from sklearn.metrics import accuracy_score, f1_score, roc_auc_score
 
-from oocgnn.metrics import Tally, accuracy, confusion, macro_f1, metrics, positive_score, roc_auc
+from oocgnn.cli import main
+from oocgnn.config import TrainConfig
+from oocgnn.errors import UserError
+from oocgnn.metrics import (Tally, accuracy, check_target, confusion, macro_f1, metrics, positive_score,
+                            roc_auc, summary_keys)
+from oocgnn.rundir import METRIC_LOG_COLUMNS
+from oocgnn.train import train
 
 
 def _sklearn(fn, *args, **kw):
@@ -97,3 +106,66 @@ def test_a_tally_adds_batches_and_gives_the_metrics_of_the_whole():
             assert got["auc"] == pytest.approx(roc_auc_score(y, torch.softmax(logits.double(), 1)[:, 1]), abs=1e-12)
         else:
             assert np.isnan(got["auc"]) and len(batches.scored()[0]) == 0
+
+
+def _run(store, tmp_path, **kw):
+    kw = {"epochs": 3, "batch_size": 256, "fanouts": "5,5", "max_eval_nodes": 0, "progress": False,
+          "out": str(tmp_path / "run"), **kw}
+    return train(TrainConfig.create(store=str(store.path), **kw))
+
+
+def test_a_run_logs_the_metrics_and_picks_its_best_evaluation_by_the_target_metric(binary, tmp_path):
+    """On binary labels every evaluation logs macro-F1 and ROC-AUC; --target-metric picks the evaluation
+    whose test values are reported and which --target-acc times."""
+    s = _run(binary, tmp_path, target_metric="auc", target_acc=0.6)
+    log = pd.read_csv(tmp_path / "run" / "log.csv")
+    assert set(METRIC_LOG_COLUMNS) <= set(log.columns) and log[METRIC_LOG_COLUMNS].notna().all().all()
+    saved = json.loads((tmp_path / "run" / "summary.json").read_text())
+    best = int(log["val_auc"].idxmax())
+    for m in ("acc", "f1", "auc"):
+        val, test = summary_keys(m)
+        assert saved[val] == pytest.approx(log[f"val_{m}"].max()) and 0 <= saved[val] <= 1
+        assert saved[test] == pytest.approx(log[f"test_{m}"][best])
+    assert saved["target_metric"] == "auc" and saved["best_val_auc"] > 0.6, "it learns"
+    assert saved["time_to_target_s"] == log.loc[log["val_auc"] >= 0.6, "wall_s"].iloc[0]
+    assert s["log"]["val_auc"].tolist() == pytest.approx(log["val_auc"].tolist())
+
+
+def test_multiclass_runs_log_no_auc_and_refuse_it_as_the_target(tiny_store, tmp_path, capsys):
+    with pytest.raises(UserError, match="binary labels"):
+        _run(tiny_store, tmp_path, target_metric="auc")
+    assert not (tmp_path / "run").exists(), "refused before the run directory is made"
+    with pytest.raises(UserError, match="binary labels"):
+        check_target("auc", 8)
+    with pytest.raises(UserError, match="target_metric must be one of acc, f1, auc"):
+        TrainConfig(store=str(tiny_store.path), target_metric="recall")
+    assert main(["train", str(tiny_store.path), "--target-metric", "auc", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "needs binary labels" in err and err.count("\n") == 1
+    s = _run(tiny_store, tmp_path, epochs=1, target_metric="f1")
+    assert s["log"]["val_auc"].isna().all() and s["best_val_auc"] is None and s["best_val_f1"] > 0
+    assert s["test_at_best_val"] == s["log"]["test_acc"][int(s["log"]["val_f1"].idxmax())]
+
+
+def test_report_reads_a_log_from_before_the_metrics(tiny_store, tmp_path, capsys):
+    """A run written before macro-F1 and ROC-AUC (no such columns, no such summary keys) still reports;
+    a new run beside it reports its macro-F1."""
+    old, new = tmp_path / "old", tmp_path / "new"
+    for out in (old, new):
+        assert main(["train", str(tiny_store.path), "--epochs", "1", "--batch-size", "512", "--max-eval-nodes", "200",
+                     "--out", str(out), "--no-progress"]) == 0
+    assert "macro-F1 best val" in capsys.readouterr().out
+    log = pd.read_csv(old / "log.csv")
+    log.drop(columns=METRIC_LOG_COLUMNS).to_csv(old / "log.csv", index=False)
+    summary = json.loads((old / "summary.json").read_text())
+    for m in ("f1", "auc"):
+        for key in summary_keys(m):
+            del summary[key]
+    (old / "summary.json").write_text(json.dumps(summary))
+    assert main(["report", str(old), str(new), "--out", str(tmp_path / "fig" / "r")]) == 0
+    printed = capsys.readouterr().out
+    runs = pd.read_csv(tmp_path / "fig" / "r.csv")
+    assert set(METRIC_LOG_COLUMNS) <= set(runs.columns)
+    assert runs.loc[runs.run == "old", "val_f1"].isna().all() and runs.loc[runs.run == "new", "val_f1"].notna().all()
+    lines = {line.split(":")[0]: line for line in printed.splitlines() if line.startswith(("old:", "new:"))}
+    assert "macro-F1" not in lines["old"] and "macro-F1" in lines["new"] and "ROC-AUC" not in lines["new"]

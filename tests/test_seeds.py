@@ -50,12 +50,15 @@ def test_train_seeds_and_report(tiny_store, tmp_path, capsys):
     agg = json.loads((out / "aggregate.json").read_text())
     got = [json.loads((out / f"seed{s}" / "summary.json").read_text()) for s in (0, 1, 2)]
     assert [g["seed"] for g in got] == [0, 1, 2] == agg["seeds"]
-    for m in ("best_val_acc", "test_at_best_val", "train_s"):
+    for m in ("best_val_acc", "test_at_best_val", "best_val_f1", "test_f1_at_best_val", "train_s"):
         vals = [g[m] for g in got]
         mean = sum(vals) / 3
         assert agg[m]["mean"] == pytest.approx(mean)
         assert agg[m]["std"] == pytest.approx(math.sqrt(sum((v - mean) ** 2 for v in vals) / 2))
-    assert len(pd.read_csv(out / "aggregate_log.csv")) == len(pd.read_csv(out / "seed0" / "log.csv"))
+    assert agg["best_val_auc"]["n"] == 0, "8 classes: no ROC-AUC"
+    curves = pd.read_csv(out / "aggregate_log.csv")
+    assert len(curves) == len(pd.read_csv(out / "seed0" / "log.csv"))
+    assert "val_f1_mean" in curves and "val_auc_mean" not in curves
     capsys.readouterr()
     assert main(["report", str(out), "--out", str(tmp_path / "fig" / "r")]) == 0
     printed = capsys.readouterr().out

@@ -49,9 +49,12 @@ def test_widget_runs_the_sweep_it_shows(tiny_store, tmp_path):
     seen = []
     c["progress"].observe(lambda ch: seen.append(ch["new"]), names="value")
     c["knob"].value, c["values"].value, c["epochs"].value = "hidden", "8, 12", 1
+    assert [m for _, m in c["metric"].options] == ["acc", "f1"], "8 classes: no ROC-AUC"
+    c["metric"].value = "f1"
     c["run"].click()
     logs, summary, fig = box.result
     assert list(summary["hidden"]) == [8, 12] and (summary["policy"] == c["policy"].value).all()
+    assert fig.axes[0].get_ylabel() == "validation macro-F1" and summary["test_f1_at_best_val"].notna().all()
     assert len(fig.axes[0].lines) == 2 and sorted(logs["epoch"].unique()) == [0]
     assert seen[-1] == c["progress"].max == 2 and 1 in seen, seen
     assert "run 2 of 2 finished" in c["status"].value

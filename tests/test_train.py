@@ -11,7 +11,7 @@ import pytest
 from oocgnn.config import TrainConfig
 from oocgnn.errors import UserError
 from oocgnn.memcap import probe
-from oocgnn.rundir import EVAL_LOG_COLUMNS, LOG_COLUMNS, STEP_COLUMNS
+from oocgnn.rundir import EVAL_LOG_COLUMNS, LOG_COLUMNS, METRIC_LOG_COLUMNS, STEP_COLUMNS
 from oocgnn.train import train
 
 
@@ -27,7 +27,8 @@ def test_run_directory_contents(tiny_store, tmp_path):
     cfg = json.loads((run / "config.json").read_text())
     assert cfg["policy"] == "inmemory" and cfg["fanouts"] == "10,10" and cfg["memory_budget_bytes"] == 256_000_000
     log = pd.read_csv(run / "log.csv")
-    assert list(log.columns) == LOG_COLUMNS + EVAL_LOG_COLUMNS + ["run_id"] and log["run_id"].nunique() == 1
+    assert list(log.columns) == LOG_COLUMNS + METRIC_LOG_COLUMNS + EVAL_LOG_COLUMNS + ["run_id"]
+    assert log["run_id"].nunique() == 1
     assert list(log["step"]) == [0, 2, 4], "time 0, then one evaluation per epoch (2 steps each)"
     assert log["wall_s"].is_monotonic_increasing and log["wall_s"].iloc[0] == 0
     summary = json.loads((run / "summary.json").read_text())

@@ -65,6 +65,14 @@ def test_choose():
     assert choose(m, target_acc=0.7) == 9                      # soonest to the target
     assert choose(m) == 4                                      # no target: fastest within a point of the best
     assert choose(m.assign(time_to_target_s=np.nan), target_acc=0.9) == 4
+    f1 = m.assign(best_val_f1=[0.60, 0.70, 0.695])                 # ranked by the target metric
+    assert choose(f1, metric="f1") == 9 and choose(f1) == 4
+
+
+def test_tune_refuses_auc_on_labels_that_are_not_binary(fennel16, tmp_path, capsys):
+    assert main(["tune", str(fennel16.path), "--target-metric", "auc", "--out", str(tmp_path / "t"),
+                 "--no-progress"]) == 2
+    assert "needs binary labels" in capsys.readouterr().err and not (tmp_path / "t").exists()
 
 
 def test_tune_writes_a_choice_that_trains(fennel16, tmp_path, capsys):
