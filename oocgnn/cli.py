@@ -34,12 +34,13 @@ def _cmd_prepare(args):
         from .shards import check_shards_target, shards_path
         check_shards_target(shards_path(out, args.shards), args.force)
     split = parse_split(args.split)
+    edge_split = _edge_split(args)
     memory = prepare_memory(args.prepare_memory)
     work = temp_path(out, "prepare") if memory else None      # sorted edge runs, the neighbour file
     try:
         if work is not None:
             work.mkdir(parents=True)
-        _prepare(args, out, method, split, memory, work)
+        _prepare(args, out, method, split, edge_split, memory, work)
     finally:
         if work is not None:
             shutil.rmtree(work, ignore_errors=True)
@@ -58,8 +59,26 @@ def prepare_memory(text):
     return size or None
 
 
-def _prepare(args, out, method, split, memory, work):
+def _edge_split(args):
+    """`--task link`'s edge split: fractions, 'given', or 'default' (the source's own split if it has one, else
+    `linksplit.DEFAULT_EDGE_SPLIT`); None for --task node. Refuses what a link store cannot be."""
+    from .linksplit import parse_edge_split
+    if args.task == "node":
+        if args.edge_split is not None:
+            raise UserError("--edge-split applies to --task link")
+        return None
+    if args.split != "given":
+        raise UserError("--split cuts labelled nodes for --task node; a link store's edges are split by --edge-split")
+    if args.shards:
+        raise UserError("--shards cuts node-classification stores only; a link store is trained whole")
+    if args.edge_split is None:
+        return "default"
+    return parse_edge_split(args.edge_split) or "given"
+
+
+def _prepare(args, out, method, split, edge_split, memory, work):
     from .datasets import load_source
+    from .linksplit import DEFAULT_EDGE_SPLIT, hold_out
     from .mixing import default_parts
     from .csrsource import CSRSource
     from .partition import check_args, order_from_assignment, partition, peak_rss
@@ -80,9 +99,21 @@ def _prepare(args, out, method, split, memory, work):
     if args.source == "synthetic":
         data = generate(args.preset, seed=args.seed, progress=not args.quiet, **bounded)
     elif args.row_normalize:
-        data = load_source(args.source, row_normalize=True, **bounded)
+        data = load_source(args.source, row_normalize=True, task=args.task, **bounded)
     else:
-        data = load_source(args.source, **bounded)
+        data = load_source(args.source, task=args.task, **bounded)
+    if args.task == "link" and data.task == "node":       # no split of its own: a seeded random one
+        if edge_split == "given":
+            raise UserError(f"{args.source} has no edge split of its own (--edge-split given); give fractions")
+        data = hold_out(data, DEFAULT_EDGE_SPLIT if edge_split == "default" else edge_split, seed=args.seed,
+                        workdir=work)
+    elif args.task == "link" and isinstance(edge_split, tuple):
+        raise UserError(f"{args.source} has its own edge split ({data.info['link']['source_split']}); "
+                        "--edge-split fractions apply to sources without one (drop it, or give 'given')")
+    if data.task == "link":
+        link = data.info["link"]
+        print(f"held out {len(data.links['val']):,} validation and {len(data.links['test']):,} test edges "
+              f"({link['split']}); {data.num_edges // 2:,} training edges stay in the topology")
     t_load = time.perf_counter() - t0
     if split is not None:
         data = data.resplit(split[0], split[1], seed=args.seed, test_frac=split[2])
@@ -396,15 +427,23 @@ def build_parser() -> argparse.ArgumentParser:
     pr = sub.add_parser("prepare", help="write a store from a source",
                         description="Write an on-disk store from the synthetic generator, a .npz "
                                     "file (../shared/datasets format) or an OGB raw directory.")
-    pr.add_argument("source", help="'synthetic', a .npz file, or an OGB node-property raw directory")
+    pr.add_argument("source", help="'synthetic', a .npz file, or an OGB node- or link-property raw directory")
     pr.add_argument("--preset", default="small", help="synthetic preset: tiny|small|medium|large|xlarge (default small; "
                                                        "xlarge's 28.7 GB of features exceed 24 GB of RAM)")
     pr.add_argument("--out", required=True, help="store directory to create")
     pr.add_argument("--seed", type=_non_negative, default=0, metavar="N",
-                    help="generator seed (synthetic) and --split random's seed (default 0)")
+                    help="generator seed (synthetic), --split random's and --edge-split's seed (default 0)")
     pr.add_argument("--split", default="given",
                     help="given (the source's splits) | random:TRAIN,VAL,TEST (seeded random fractions of the "
                          "labelled nodes, summing to <= 1, e.g. random:0.1,0.1,0.8; default given)")
+    pr.add_argument("--task", default="node", choices=("node", "link"),
+                    help="node: node classification; link: link prediction, the edges split by --edge-split, the "
+                         "held-out ones removed from the topology (both directions) and kept in link_val.npy and "
+                         "link_test.npy (default node)")
+    pr.add_argument("--edge-split", default=None, metavar="TRAIN,VAL,TEST|given",
+                    help="--task link: fractions of the undirected edges (each > 0, summing to 1), exact counts, "
+                         "drawn by --seed from the edge set alone; or given: the source's own (OGB ogbl-*) "
+                         "(default: the source's own if it has one, else 0.85,0.05,0.1)")
     pr.add_argument("--force", action="store_true",
                     help="replace an existing store (only a store: a directory with other files is refused)")
     pr.add_argument("--row-normalize", action="store_true",

@@ -2,7 +2,7 @@
 
 Every source is canonicalised the same way before it reaches a store: self-loops dropped,
 edges symmetrised and deduplicated (the usual undirected node-classification graph).
-The synthetic generator lives in `synthetic.py`.
+The synthetic generator lives in `synthetic.py`; link-prediction edge splits in `linksplit.py`.
 """
 from __future__ import annotations
 
@@ -18,15 +18,18 @@ import numpy as np
 from .errors import UserError
 from .csrbuild import CSRBuilder, sort_memory
 from .io import index_dtype
+from .linksplit import hold_out, is_ogb_link_split, read_ogb_link_split
 
 
 @dataclass
 class GraphData:
-    """A node-classification graph in CSR form, ids 0..N-1 in the source's order.
+    """A graph in CSR form, ids 0..N-1 in the source's order: node classification, or link prediction.
 
     `features` is anything indexable by an id array that returns float32 rows and has
     `.shape`/`.dtype`: a NumPy array, or a lazy source (synthetic `large`) that is only
-    ever read in chunks by `store.write_store`.
+    ever read in chunks by `store.write_store`. `links` is empty for node classification; for link
+    prediction (`linksplit.hold_out`) it holds the held-out 'val' and 'test' edges (int64 [M, 2]) and, from
+    OGB, their negatives ('val_neg', 'test_neg'), all in source ids, and the CSR holds the training edges only.
     """
     name: str
     indptr: np.ndarray            # int64 [N+1]
@@ -38,6 +41,7 @@ class GraphData:
     test_idx: np.ndarray          # int64
     num_classes: int = 0
     info: dict = field(default_factory=dict)   # generator / source arguments, saved in meta.json
+    links: dict = field(default_factory=dict)  # link prediction's held-out edges (above)
 
     def __post_init__(self):
         if not self.num_classes:
@@ -51,6 +55,18 @@ class GraphData:
             ids = getattr(self, split)
             if len(ids) and (ids.min() < 0 or ids.max() >= n):
                 raise UserError(f"{self.name}: {split} holds ids outside 0..{n - 1}")
+        if self.links and not set(self.links) >= {"val", "test"}:
+            raise UserError(f"{self.name}: held-out edges {sorted(self.links)} lack 'val' or 'test'")
+        for key, ids in self.links.items():
+            if ids.ndim != 2 or (key in ("val", "test") and ids.shape[1] != 2) or \
+                    (len(ids) and (ids.min() < 0 or ids.max() >= n)):
+                raise UserError(f"{self.name}: held-out {key} edges of shape {ids.shape} are not node ids in "
+                                f"0..{n - 1}" + (" in [M, 2] pairs" if key in ("val", "test") else ""))
+
+    @property
+    def task(self) -> str:
+        """'link' when edges are held out for link prediction, else 'node'."""
+        return "link" if self.links else "node"
 
     @property
     def num_nodes(self) -> int:
@@ -240,11 +256,12 @@ def _check_finite(where: str, feat, first_row=0):
                         f"{', ...' if len(bad) > 5 else ''}); clean them before preparing a store")
 
 
-def load_npz(path, name=None, row_normalize=False, prepare_memory=None, workdir=None) -> GraphData:
+def load_npz(path, name=None, row_normalize=False, prepare_memory=None, workdir=None, task="node") -> GraphData:
     """A `.npz` in the /work/shared/datasets format (keys `NPZ_KEYS`), canonicalised.
 
     `row_normalize` scales each feature row to sum 1 (rows of zeros stay zero), the usual
-    preprocessing of bag-of-words features (Kipf & Welling; PyG's NormalizeFeatures)."""
+    preprocessing of bag-of-words features (Kipf & Welling; PyG's NormalizeFeatures). For `task` 'link'
+    only src, dst and feat are needed: labels are kept if given, node splits ignored (the edges are split)."""
     path = Path(path)
     if not path.is_file():
         raise UserError(f"npz file not found: {path}")
@@ -254,12 +271,13 @@ def load_npz(path, name=None, row_normalize=False, prepare_memory=None, workdir=
         raise UserError(f"{path}: not a readable .npz archive ({e})") from None
     if not isinstance(z, np.lib.npyio.NpzFile):
         raise UserError(f"{path}: is a single .npy array, not an .npz archive with keys {', '.join(NPZ_KEYS)}")
+    need = NPZ_KEYS if task == "node" else ("src", "dst", "feat")
     with z:
-        missing = [k for k in NPZ_KEYS if k not in z.files]
+        missing = [k for k in need if k not in z.files]
         if missing:
             raise UserError(f"{path}: missing key(s) {', '.join(missing)} (has {', '.join(z.files) or 'none'})")
         try:
-            arr = {k: z[k] for k in NPZ_KEYS}
+            arr = {k: z[k] for k in need + (("label",) if task == "link" and "label" in z.files else ())}
         except (ValueError, OSError, EOFError, zipfile.BadZipFile) as e:
             raise UserError(f"{path}: cannot read arrays ({e})") from None
     name = name or path.stem
@@ -269,16 +287,19 @@ def load_npz(path, name=None, row_normalize=False, prepare_memory=None, workdir=
             raise UserError(f"{path}: {k} must be a 1-D integer array, got {arr[k].dtype} {arr[k].shape}")
     if src.shape != dst.shape:
         raise UserError(f"{path}: src has {len(src)} entries but dst has {len(dst)}")
-    labels = _check_labels(str(path), arr["label"])
     if feat.ndim != 2 or not (np.issubdtype(feat.dtype, np.number) or feat.dtype == bool):
         raise UserError(f"{path}: feat must be a 2-D numeric array [N, D], got {feat.dtype} {feat.shape}")
+    labels = _check_labels(str(path), arr["label"]) if "label" in arr else np.full(len(feat), -1, np.int64)
     if feat.shape[0] != len(labels):
         raise UserError(f"{path}: feat has {feat.shape[0]} rows but label has {len(labels)} entries")
     n = len(labels)
     if len(src) and (min(src.min(), dst.min()) < 0 or max(src.max(), dst.max()) >= n):
         raise UserError(f"{path}: src/dst hold node ids outside 0..{n - 1}")
-    splits = _check_splits(str(path), labels, {k: arr[k] for k, _ in _SPLITS})
-    _check_trainable(str(path), splits)
+    if task == "node":
+        splits = _check_splits(str(path), labels, {k: arr[k] for k, _ in _SPLITS})
+        _check_trainable(str(path), splits)
+    else:
+        splits = {k: np.empty(0, np.int64) for k, _ in _SPLITS}
     indptr, indices = build_csr([(src, dst)], n, prepare_memory, workdir)
     feat = np.ascontiguousarray(feat, dtype=np.float32)
     _check_finite(f"{path}: feat", feat)
@@ -414,7 +435,7 @@ def _csv_column(path: Path, chunk_rows: int, dtype, **kw) -> np.ndarray:
 
 
 def load_ogb_raw(root, name=None, split="auto", feature_dir=None, chunk_rows=1_000_000, prepare_memory=None,
-                 workdir=None, progress=False) -> GraphData:
+                 workdir=None, progress=False, task="node") -> GraphData:
     """An OGB node-property-prediction dataset dir, streamed: the CSV layout (raw/*.csv.gz) or the binary
     one of ogbn-papers100M (raw/data.npz with edge_index [2, E], node_feat [N, D], num_nodes_list,
     num_edges_list; raw/node-label.npz with node_label [N, 1]), with split/<name>/*.csv.gz.
@@ -426,6 +447,11 @@ def load_ogb_raw(root, name=None, split="auto", feature_dir=None, chunk_rows=1_0
     (no copy: 56 GB for papers100M); compressed ones are streamed like CSV's. NaN labels become -1 and
     those nodes are dropped from the splits. With `prepare_memory` the edges go through `build_csr`'s
     bounded path (runs and neighbour file in `workdir`).
+
+    An OGB link-property-prediction dir (ogbl-*: no labels, split/<name>/valid.pt and test.pt, read by
+    `linksplit.read_ogb_link_split`) needs `task` 'link': its nodes are counted by num-node-list, and its
+    given split is held out of the topology (`linksplit.hold_out`). A node dir with `task` 'link' loads as a
+    node dir (its edges are then split at random by the caller).
     """
     root = Path(root)
     d = _ogb_dir(root)
@@ -434,26 +460,15 @@ def load_ogb_raw(root, name=None, split="auto", feature_dir=None, chunk_rows=1_0
                         f"the binary layout has raw/data.npz instead)")
     raw, name = d / "raw", name or d.name
     binary = not (raw / "edge.csv.gz").is_file()
+    split_root = d / "split"
+    link = is_ogb_link_split(split_root)
+    if link and task != "link":
+        raise UserError(f"{d} is an OGB link-prediction dataset (split/<name>/valid.pt): prepare it with --task link")
 
     def member(fname, key):
         if not (raw / fname).is_file():
             raise UserError(f"missing file {raw / fname}")
         return _NpzMember(raw / fname, key)
-
-    if binary:
-        lab = member("node-label.npz", "node_label").read().astype(np.float64)
-        if lab.ndim == 2 and lab.shape[1] != 1 or lab.ndim > 2:
-            raise UserError(f"{raw / 'node-label.npz'}: node_label has shape {lab.shape}; one label a node expected")
-        lab = lab.reshape(-1)
-    else:
-        lab = _csv_column(raw / "node-label.csv.gz", chunk_rows, np.float64, skip_blank_lines=False)  # "" = NaN
-    label_file = raw / ("node-label.npz" if binary else "node-label.csv.gz")
-    known = ~np.isnan(lab)
-    if (lab[known] < 0).any() or (lab[known] != np.round(lab[known])).any():
-        raise UserError(f"{label_file}: labels must be non-negative integers (or NaN)")
-    labels = _check_labels(str(label_file), np.where(known, lab, -1).astype(np.int64))
-    del lab, known
-    n = len(labels)
 
     def counts(kind):                         # num-node-list / num-edge-list, where the source has one
         if binary:
@@ -463,8 +478,30 @@ def load_ogb_raw(root, name=None, split="auto", feature_dir=None, chunk_rows=1_0
         return (_csv_column(f, chunk_rows, np.int64).tolist(), f) if f.is_file() else (None, f)
 
     nn, nfile = counts("node")
+    if link:
+        if nn is None or len(nn) != 1 or nn[0] < 1:
+            raise UserError(f"{nfile}: an OGB link dataset's node count (one positive number) is needed, found {nn}")
+        labels, label_file = np.full(nn[0], -1, np.int64), nfile
+    else:
+        if binary:
+            lab = member("node-label.npz", "node_label").read().astype(np.float64)
+            if lab.ndim == 2 and lab.shape[1] != 1 or lab.ndim > 2:
+                raise UserError(f"{raw / 'node-label.npz'}: node_label has shape {lab.shape}; one label a node expected")
+            lab = lab.reshape(-1)
+        else:
+            lab = _csv_column(raw / "node-label.csv.gz", chunk_rows, np.float64, skip_blank_lines=False)  # "" = NaN
+        label_file = raw / ("node-label.npz" if binary else "node-label.csv.gz")
+        known = ~np.isnan(lab)
+        if (lab[known] < 0).any() or (lab[known] != np.round(lab[known])).any():
+            raise UserError(f"{label_file}: labels must be non-negative integers (or NaN)")
+        labels = _check_labels(str(label_file), np.where(known, lab, -1).astype(np.int64))
+        del lab, known
+    n = len(labels)
     if nn is not None and nn != [n]:
         raise UserError(f"{nfile} says {nn} nodes, {label_file.name} has {n} rows")
+    if link and not binary and not (raw / "node-feat.csv.gz").is_file():
+        raise UserError(f"{raw}: has no node-feat.csv.gz; a store needs node features (ogbl-ddi has none: "
+                        "learned node embeddings are not supported)")
     seen = 0
     edge_file = raw / ("data.npz" if binary else "edge.csv.gz")
 
@@ -489,35 +526,47 @@ def load_ogb_raw(root, name=None, split="auto", feature_dir=None, chunk_rows=1_0
     if ne is not None and ne != [seen]:
         raise UserError(f"{efile} says {ne} edges, {edge_file.name} has {seen}")
 
-    split_root = d / "split"
     if split == "auto":
         subs = sorted(p.name for p in split_root.iterdir() if p.is_dir()) if split_root.is_dir() else []
         if len(subs) != 1:
             raise UserError(f"{split_root}: split='auto' needs exactly one split subdirectory, "
                             f"found {subs or 'none'}; pass split=<name>")
         split = subs[0]
-    splits, dropped = {}, 0
-    for key, fname in _SPLITS:
-        f = split_root / split / f"{fname}.csv.gz"
-        ids = _csv_column(f, chunk_rows, np.int64)
-        if len(ids) and (ids.min() < 0 or ids.max() >= n):
-            raise UserError(f"{f}: holds node ids outside 0..{n - 1}")
-        keep = labels[ids] >= 0
-        dropped += int((~keep).sum())
-        splits[key] = ids[keep]
-    splits = _check_splits(str(split_root / split), labels, splits)
-    _check_trainable(str(split_root / split), splits)
+    info = {"source": "ogb_raw", "path": str(d), "name": name, "split": split, "layout": "binary" if binary else "csv"}
+    splits, links = {k: np.empty(0, np.int64) for k, _ in _SPLITS}, {}
+    if link:
+        links, negatives = read_ogb_link_split(split_root / split, n)
+        info["link"] = {"source_split": split, "negatives": negatives}
+    else:
+        dropped = 0
+        for key, fname in _SPLITS:
+            f = split_root / split / f"{fname}.csv.gz"
+            ids = _csv_column(f, chunk_rows, np.int64)
+            if len(ids) and (ids.min() < 0 or ids.max() >= n):
+                raise UserError(f"{f}: holds node ids outside 0..{n - 1}")
+            keep = labels[ids] >= 0
+            dropped += int((~keep).sum())
+            splits[key] = ids[keep]
+        splits = _check_splits(str(split_root / split), labels, splits)
+        _check_trainable(str(split_root / split), splits)
+        info["unlabelled_dropped_from_splits"] = dropped
 
-    info = {"source": "ogb_raw", "path": str(d), "name": name, "split": split, "layout": "binary" if binary else "csv",
-            "unlabelled_dropped_from_splits": dropped}
+    features, feature_info = _ogb_features(raw, name, binary, member, n, label_file, feature_dir, chunk_rows)
+    data = GraphData(name=name, indptr=indptr, indices=indices, features=features, labels=labels, **splits,
+                     links=links, info={**info, **feature_info})
+    return hold_out(data, workdir=workdir) if link else data
+
+
+def _ogb_features(raw, name, binary, member, n, label_file, feature_dir, chunk_rows):
+    """(features, their info) of an OGB raw dir: memory-mapped inside data.npz where stored uncompressed as
+    float32, else streamed into a float32 .npy (`load_ogb_raw`)."""
     if binary:
         feat = member("data.npz", "node_feat")
         if len(feat.shape) != 2 or feat.shape[0] != n:
             raise UserError(f"{raw / 'data.npz'}: node_feat has shape {feat.shape}; expected [{n}, D]")
         features = feat.memmap() if feat.dtype == np.float32 else None
         if features is not None:             # NaN rows are refused by write_store as it copies them
-            return GraphData(name=name, indptr=indptr, indices=indices, features=features, labels=labels, **splits,
-                             info={**info, "feature_file": str(raw / "data.npz"), "feature_file_temporary": False})
+            return features, {"feature_file": str(raw / "data.npz"), "feature_file_temporary": False}
         chunks, ffile = feat.row_chunks(chunk_rows), raw / "data.npz"
     else:
         ffile = raw / "node-feat.csv.gz"
@@ -551,25 +600,25 @@ def load_ogb_raw(root, name=None, split="auto", feature_dir=None, chunk_rows=1_0
         raise
     if tmp:
         features._oocgnn_tmpdir = tmp   # the directory lives exactly as long as the memmap
-    return GraphData(name=name, indptr=indptr, indices=indices, features=features, labels=labels, **splits,
-                     info={**info, "feature_file": str(fpath), "feature_file_temporary": tmp is not None})
+    return features, {"feature_file": str(fpath), "feature_file_temporary": tmp is not None}
 
 
 def load_source(path, **kw) -> GraphData:
     """A `.npz` file -> `load_npz`; an OGB dataset dir (or its parent) -> `load_ogb_raw`."""
     path = Path(path)
     if path.is_file() and path.suffix == ".npz":
-        both = ("name", "row_normalize", "prepare_memory", "workdir", "progress")
+        both = ("name", "row_normalize", "prepare_memory", "workdir", "progress", "task")
         extra = sorted(k for k, v in kw.items() if v is not None and k not in both)
         if extra:
             raise UserError(f"{path}: option(s) {', '.join(extra)} only apply to OGB raw directories")
         return load_npz(path, name=kw.get("name"), row_normalize=bool(kw.get("row_normalize")),
-                        prepare_memory=kw.get("prepare_memory"), workdir=kw.get("workdir"))
+                        prepare_memory=kw.get("prepare_memory"), workdir=kw.get("workdir"),
+                        task=kw.get("task") or "node")
     if path.is_dir() and _ogb_dir(path) is not None:
         if kw.pop("row_normalize", None):
             raise UserError(f"{path}: --row-normalize applies to .npz sources only")
         return load_ogb_raw(path, **kw)
     what = "does not exist" if not path.exists() else "is not a recognised graph source"
     raise UserError(f"{path} {what}; accepted sources: a .npz file with keys {', '.join(NPZ_KEYS)}, "
-                    f"or an OGB node-property dir holding raw/edge.csv.gz or raw/data.npz (or its parent dir "
+                    f"or an OGB node- or link-property dir holding raw/edge.csv.gz or raw/data.npz (or its parent dir "
                     f"with exactly one such dataset subdirectory)")

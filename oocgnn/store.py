@@ -10,10 +10,17 @@ names the first problem it finds: meta.json's every field and its checksum, file
 files' CRC32 and invariants (indptr, ids, labels, splits, parts) on every open, and the two big
 files' CRC32 once, then trusted while a stamp of their size, mtime, ctime and inode still matches
 (`verify="full"`, `oocgnn info --verify`, checks them again).
+
+A link-prediction store (`prepare --task link`, `linksplit`) has task 'link' and a `link` record in meta.json
+(the split, its counts, OGB's negatives if any); its topology holds the training edges only, its held-out edges
+are `link_val.npy` and `link_test.npy` (int64 [M, 2] store ids), with OGB's negatives `link_val_neg.npy` and
+`link_test_neg.npy` ([K, 2] pairs shared by every positive, or [M, K] targets, one row per positive). These are
+checked like the big files: sizes, shapes and dtypes on every open, CRC32 and ids once, then trusted by the stamp.
 """
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import mmap
 import os
@@ -35,6 +42,7 @@ from .datasets import GraphData
 from .direct import DirectReader
 from .errors import StoreError, UserError
 from .io import feature_row_stride, index_dtype, release_pages
+from .linksplit import HELD_OUT
 from .readers import open_reader
 from .topology import NeighbourLists
 from .units import format_size
@@ -45,7 +53,10 @@ NPY_FILES = ("indptr", "labels", "train_idx", "val_idx", "test_idx", "part_offse
 BIG_FILES = ("features.bin", "indices.bin")
 DATA_FILES = BIG_FILES + tuple(f"{n}.npy" for n in NPY_FILES)
 STAMP = ".verified.json"
-STORE_FILES = frozenset(("meta.json", STAMP, CODEC_FILE) + DATA_FILES)
+LINK_FILES = tuple(f"link_{k}.npy" for k in HELD_OUT + tuple(f"{s}_neg" for s in HELD_OUT))
+STORE_FILES = frozenset(("meta.json", STAMP, CODEC_FILE) + DATA_FILES + LINK_FILES)
+TASKS = ("node", "link")
+NEGATIVES = ("none", "pairs", "targets")
 _CHUNK_BYTES = 64 << 20
 
 
@@ -73,6 +84,22 @@ class _CrcWriter:
         os.fsync(self.f.fileno())
         self.f.close()
         return {"bytes": self.bytes, "crc32": self.crc}
+
+
+def _write_ids(path: Path, ids, new_of_old) -> dict:
+    """Node ids (held-out pairs, negatives) relabelled to store ids, written as an int64 .npy in chunks with
+    its CRC32 computed on the way."""
+    shape = tuple(int(x) for x in ids.shape)
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(header, {"descr": np.lib.format.dtype_to_descr(np.dtype(np.int64)),
+                                                  "fortran_order": False, "shape": shape})
+    out = _CrcWriter(path)
+    out.write(np.frombuffer(header.getvalue(), dtype=np.uint8))
+    step = max(1, (1 << 22) // max(1, shape[1]))
+    for lo in range(0, shape[0], step):
+        out.write(new_of_old[np.asarray(ids[lo:lo + step], dtype=np.int64)])
+        release_pages(ids)
+    return out.close()
 
 
 def _relabelled_rows(data: GraphData, order, new_of_old, lo, hi, lists):
@@ -299,6 +326,8 @@ def _write(data, tmp, name, order, new_of_old, identity, part_offsets, partition
             os.fsync(f.fileno())
         files[f"{name}.npy"] = {"bytes": (tmp / f"{name}.npy").stat().st_size,
                                 "crc32": _crc_file(tmp / f"{name}.npy")}
+    for key, ids in data.links.items():           # held-out edges and their negatives, in store ids
+        files[f"link_{key}.npy"] = _write_ids(tmp / f"link_{key}.npy", ids, new_of_old)
     meta = {
         "format": FORMAT, "version": VERSION, "name": data.name,
         "num_nodes": n, "num_edges": int(data.num_edges), "feat_dim": d,
@@ -306,8 +335,9 @@ def _write(data, tmp, name, order, new_of_old, identity, part_offsets, partition
         "index_dtype": np.dtype(idx_dtype).name, "num_classes": int(data.num_classes),
         "partitioner": partitioner, "num_parts": len(part_offsets) - 1,
         "splits": {s: len(arrays[f"{s}_idx"]) for s in ("train", "val", "test")},
+        "task": data.task, **({"link": _link_record(data)} if data.links else {}),
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "source": {k: v for k, v in data.info.items() if _jsonable(v)},
+        "source": {k: v for k, v in data.info.items() if k != "link" and _jsonable(v)},
         "files": files,
     }
     meta["checksum"] = meta_checksum(meta)
@@ -316,6 +346,34 @@ def _write(data, tmp, name, order, new_of_old, identity, part_offsets, partition
         f.flush()
         os.fsync(f.fileno())
     _write_stamp(tmp, meta)                 # the big files' CRC32 were computed as they were written
+
+
+def _link_record(data: GraphData) -> dict:
+    """meta.json's `link`: how the edges were split (`linksplit.hold_out`'s info) and the counts a store is
+    checked against: training pairs (half the topology's entries), held-out pairs, negatives per split."""
+    link = {"negatives": "none", **{k: v for k, v in data.info.get("link", {}).items() if _jsonable(v)},
+            "train": int(data.num_edges) // 2, **{s: len(data.links[s]) for s in HELD_OUT}}
+    for s in HELD_OUT:
+        neg = data.links.get(f"{s}_neg")
+        if (neg is None) != (link["negatives"] == "none"):
+            raise UserError(f"{data.name}: negatives given as {link['negatives']!r} but {s}_neg is "
+                            f"{'absent' if neg is None else 'present'}")
+        if neg is not None:
+            link[f"{s}_negatives"] = int(neg.shape[0] if link["negatives"] == "pairs" else neg.shape[1])
+    return link
+
+
+def link_files(meta: dict) -> tuple:
+    """The link-prediction files a store's meta.json implies (none for node classification)."""
+    link = meta.get("link")
+    if not isinstance(link, dict):
+        return ()
+    return LINK_FILES[:2] + (LINK_FILES[2:] if link.get("negatives") != "none" else ())
+
+
+def _stamped(meta: dict) -> tuple:
+    """The files checked once and then trusted while their stamp matches."""
+    return BIG_FILES + link_files(meta)
 
 
 def _jsonable(v) -> bool:
@@ -416,7 +474,17 @@ def meta_problem(meta: dict) -> str | None:
         if not (_is_int(meta[key]) if kind is int else isinstance(meta[key], kind)):
             return f"field {key!r} is {meta[key]!r}, not {'an integer' if kind is int else kind.__name__}"
     n, m, d = meta["num_nodes"], meta["num_edges"], meta["feat_dim"]
-    for key, low in (("num_nodes", 1), ("num_edges", 0), ("feat_dim", 1), ("num_classes", 1), ("num_parts", 1)):
+    task = meta.get("task", "node")
+    if task not in TASKS:
+        return f"says task {task!r}; stores hold {' or '.join(TASKS)}"
+    if (task == "link") != ("link" in meta):
+        return "has task 'link' but no 'link' record" if task == "link" else "has a 'link' record but task 'node'"
+    if task == "link":
+        problem = _link_problem(meta["link"], m)
+        if problem:
+            return problem
+    classes = 1 if task == "node" else 0          # a link store may have no labels
+    for key, low in (("num_nodes", 1), ("num_edges", 0), ("feat_dim", 1), ("num_classes", classes), ("num_parts", 1)):
         if meta[key] < low:
             return f"field {key!r} is {meta[key]}, below {low}"
     if meta["num_parts"] > n:
@@ -436,7 +504,8 @@ def meta_problem(meta: dict) -> str | None:
             return f"splits[{s!r}] is {splits.get(s)!r}, not a count"
     if splits["train"] + splits["val"] + splits["test"] > n:
         return f"splits hold {splits['train'] + splits['val'] + splits['test']} nodes, more than {n}"
-    files, listed = meta["files"], set(DATA_FILES) | ({CODEC_FILE} if meta["dtype"] == "int8" else set())
+    files = meta["files"]
+    listed = set(DATA_FILES) | ({CODEC_FILE} if meta["dtype"] == "int8" else set()) | set(link_files(meta))
     if set(files) != listed:
         missing, extra = listed - set(files), set(files) - listed
         return f"lists the wrong files (missing {sorted(missing)}, unknown {sorted(extra)})"
@@ -448,6 +517,23 @@ def meta_problem(meta: dict) -> str | None:
     for name, nbytes in want.items():
         if files[name]["bytes"] != nbytes:
             return f"says {name} has {files[name]['bytes']} bytes but N/E/stride imply {nbytes}"
+    return None
+
+
+def _link_problem(link, num_edges) -> str | None:
+    """What is wrong with meta.json's `link` record, or None."""
+    if not isinstance(link, dict):
+        return f"has a 'link' record that is not an object: {link!r}"
+    for key, low in (("train", 0), *((s, 1) for s in HELD_OUT)):
+        if not _is_int(link.get(key)) or link[key] < low:
+            return f"link[{key!r}] is {link.get(key)!r}, not a count >= {low}"
+    if 2 * link["train"] != num_edges:
+        return f"says {link['train']} training edges, but the topology holds {num_edges} entries (not twice that)"
+    if link.get("negatives") not in NEGATIVES:
+        return f"link['negatives'] is {link.get('negatives')!r}, not one of {', '.join(NEGATIVES)}"
+    for s in HELD_OUT if link["negatives"] != "none" else ():
+        if not _is_int(link.get(f"{s}_negatives")) or link[f"{s}_negatives"] < 1:
+            return f"link[{s + '_negatives'!r}] is {link.get(s + '_negatives')!r}, not a count >= 1"
     return None
 
 
@@ -468,7 +554,7 @@ def _stat_key(path: Path) -> list:
 
 def _write_stamp(root: Path, meta: dict):
     """Record that the big files matched their CRC32 as they are now (a read-only store skips it)."""
-    stamp = {"meta": meta["checksum"], "files": {f: _stat_key(root / f) for f in BIG_FILES},
+    stamp = {"meta": meta["checksum"], "files": {f: _stat_key(root / f) for f in _stamped(meta)},
              "checked": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     tmp = root / f".{STAMP}.tmp-{os.getpid()}"
     try:
@@ -507,7 +593,18 @@ class Store:
                 "val_idx.npy": (None, (s["val"],), "int64"),
                 "test_idx.npy": (None, (s["test"],), "int64"),
                 "part_offsets.npy": (None, (k + 1,), "int64"), "orig_ids.npy": (None, (n,), "int64"),
-                **({CODEC_FILE: (None, (2, self.feat_dim), "float32")} if self.feature_dtype == "int8" else {})}
+                **({CODEC_FILE: (None, (2, self.feat_dim), "float32")} if self.feature_dtype == "int8" else {}),
+                **self._expected_links()}
+
+    def _expected_links(self):
+        link = self.meta.get("link")
+        if not link:
+            return {}
+        out = {f"link_{s}.npy": (None, (link[s], 2), "int64") for s in HELD_OUT}
+        for s in HELD_OUT if link["negatives"] != "none" else ():
+            k = link[f"{s}_negatives"]
+            out[f"link_{s}_neg.npy"] = (None, (k, 2) if link["negatives"] == "pairs" else (link[s], k), "int64")
+        return out
 
     def validate(self, verify=True):
         """See `open_store`; sets `self.verified` to what was checked (for `oocgnn info`)."""
@@ -529,7 +626,8 @@ class Store:
                 if arr.shape != shape or arr.dtype != np.dtype(dtype):
                     raise StoreError(f"store {self.path}: {name} has shape {arr.shape} dtype "
                                      f"{arr.dtype}, expected {shape} {dtype}")
-                small[name[:-4]] = arr
+                if name not in LINK_FILES:           # link files: checked with the big ones
+                    small[name[:-4]] = arr
         if verify:
             for name in small:
                 self._check_crc(f"{name}.npy")
@@ -591,14 +689,17 @@ class Store:
             bad("orig_ids.npy is not a permutation of the node ids")
 
     def _verify_big_files(self, full=False) -> str:
-        """CRC32 of features.bin and indices.bin (and every neighbour id in range) unless the stamp
-        says they were checked as they are now; writes the stamp after a pass."""
+        """CRC32 of features.bin and indices.bin (and every neighbour id in range), and of a link store's
+        files (their ids in range), unless the stamp says they were checked as they are now; writes the
+        stamp after a pass."""
+        stamped = _stamped(self.meta)
         if not full:
             try:
                 stamp = json.loads((self.path / STAMP).read_text())
                 if stamp["meta"] == self.meta["checksum"] and \
-                        stamp["files"] == {f: _stat_key(self.path / f) for f in BIG_FILES}:
-                    return f"small files now; features.bin and indices.bin checked {stamp['checked']}"
+                        stamp["files"] == {f: _stat_key(self.path / f) for f in stamped}:
+                    names = f"{', '.join(stamped[:-1])} and {stamped[-1]}"
+                    return f"small files now; {names} checked {stamp['checked']}"
             except (OSError, ValueError, KeyError, TypeError):
                 pass
         dtype, n = np.dtype(self.meta["index_dtype"]), self.num_nodes
@@ -609,6 +710,15 @@ class Store:
                 return f"indices.bin holds a node id outside 0..{n - 1}"
         self._check_crc("features.bin")
         self._check_crc("indices.bin", ids_in_range)
+        for name in link_files(self.meta):
+            self._check_crc(name)
+            ids = np.load(self.path / name, mmap_mode="r")
+            for lo in range(0, len(ids), 1 << 20):
+                chunk = ids[lo:lo + (1 << 20)]
+                if chunk.size and (chunk.min() < 0 or chunk.max() >= n):
+                    raise StoreError(f"store {self.path}: {name} holds a node id outside 0..{n - 1}; the store "
+                                     "is damaged (re-create it with `oocgnn prepare`)")
+                release_pages(ids)
         _write_stamp(self.path, self.meta)
         return "every file now (CRC32 and neighbour ids)"
 
@@ -650,6 +760,27 @@ class Store:
     @cached_property
     def orig_ids(self):
         return self._npy("orig_ids")
+
+    @property
+    def task(self) -> str:
+        """'node' (classification) or 'link' (prediction: `link_edges`)."""
+        return self.meta.get("task", "node")
+
+    def link_edges(self, split) -> np.ndarray:
+        """A link store's held-out 'val' or 'test' edges: int64 [M, 2] store ids, memory-mapped."""
+        return np.load(self._link_path(split), mmap_mode="r")
+
+    def link_negatives(self, split):
+        """OGB's negatives of a held-out split, memory-mapped (meta.json's link['negatives'] says which form:
+        'pairs' [K, 2], 'targets' [M, K]), or None."""
+        path = self._link_path(split, "_neg")
+        return None if self.meta["link"]["negatives"] == "none" else np.load(path, mmap_mode="r")
+
+    def _link_path(self, split, suffix="") -> Path:
+        if split not in HELD_OUT or self.task != "link":
+            raise UserError(f"{self.path}: no held-out {split!r} edges (a {self.task} store; held out: "
+                            f"{', '.join(HELD_OUT)} of link stores)")
+        return self.path / f"link_{split}{suffix}.npy"
 
     def degrees(self):
         return np.diff(self.indptr)
@@ -726,7 +857,10 @@ class Store:
         return {
             "path": str(self.path), "name": self.meta["name"], "format_version": self.meta["version"],
             "nodes": self.num_nodes, "edges": self.num_edges, "feat_dim": self.feat_dim,
-            "classes": self.num_classes, **{f"{k}_nodes": v for k, v in self.meta["splits"].items()},
+            "task": self.task, "classes": self.num_classes,
+            **{f"{k}_nodes": v for k, v in self.meta["splits"].items()},
+            **({**{f"link_{k}_edges": self.meta["link"][k] for k in ("train",) + HELD_OUT},
+                "link_negatives": self.meta["link"]["negatives"]} if self.task == "link" else {}),
             "feature_dtype": self.feature_dtype, "row_bytes": self.row_bytes, "row_stride": self.row_stride,
             "partitioner": self.meta["partitioner"], "parts": self.num_parts,
             "part_nodes_min/mean/max": f"{sizes.min()}/{sizes.mean():.0f}/{sizes.max()}",
