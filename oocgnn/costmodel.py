@@ -360,7 +360,7 @@ def _calibrate_optimizer_step(store, cfg, repeats=20) -> float:
     import torch  # torch: imported when used, not with this module
     from .models import build_model  # torch: imported when used, not with this module
     model = build_model(cfg.model, store.feat_dim, cfg.hidden, store.num_classes, cfg.layers, cfg.dropout)
-    opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+    opt = torch.optim.Adam(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     for p in model.parameters():
         p.grad = torch.randn_like(p)
     times = []

@@ -206,7 +206,7 @@ def run_loop(cfg, run, store, plan, runtime, t_enter, device, mix, ranks=None, f
     labels = runtime.labels()                      # indexed by store id
     model = build_model(cfg.model, store.feat_dim, cfg.hidden, store.num_classes, cfg.layers, cfg.dropout)
     model.to(device)                               # initialised on the CPU: the same weights on any device
-    opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+    opt = torch.optim.Adam(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     losses = LossMeter(device)                     # on a GPU, read one step late (no sync per step)
     log_columns = LOG_COLUMNS + METRIC_LOG_COLUMNS + EVAL_LOG_COLUMNS + list(runtime.log_fields())
     eval_sets = {}

@@ -151,6 +151,7 @@ def resumed_config(cfg: TrainConfig, run: RunDir) -> TrainConfig:
     """The configuration of the run being resumed (its config.json), on the store given again."""
     saved = read_json(run.path / "config.json")
     settings = {k: v for k, v in saved.items() if k in SETTINGS or k in POLICY_OPTIONS}
+    settings.setdefault("weight_decay", 0.0)     # runs saved before the setting trained without it
     if Path(settings.get("store", "")).resolve() != Path(cfg.store).resolve():
         raise UserError(f"{run.path} is a run on {settings.get('store')}, not on {cfg.store}")
     resumed = TrainConfig.create(**{**settings, "resume": cfg.resume, "progress": cfg.progress,

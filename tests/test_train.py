@@ -112,6 +112,7 @@ def test_peak_rss_is_the_runs_own(tiny_store, tmp_path):
     ({"fanouts": "10,10", "layers": 3}, "does not match 2 fanouts"),
     ({"memory_budget": "lots"}, "bad size 'lots'"),
     ({"epochs": 0}, "epochs must be >= 1"),
+    ({"weight_decay": -1e-4}, "weight_decay >= 0"),
 ])
 def test_config_rejects_bad_input(kw, msg):
     with pytest.raises(UserError, match=msg):
@@ -200,3 +201,14 @@ def test_prepare_and_train_refuse_a_negative_seed_in_one_line(tmp_path):
                  ["train", str(tmp_path / "none"), "--seed", "-1"]):
         done = subprocess.run([sys.executable, "-m", "oocgnn", *argv], capture_output=True, text=True)
         assert done.returncode != 0 and "Traceback" not in done.stderr and ">= 0" in done.stderr, done.stderr
+
+
+def test_weight_decay_reaches_the_optimizer(tiny_store, tmp_path):
+    """--weight-decay is Adam's L2 term: the same run without it ends at other losses, and the optimizer
+    state a checkpoint keeps records the value."""
+    import torch
+    a = _run(tiny_store, tmp_path, out=str(tmp_path / "a"), weight_decay=0.0)
+    b = _run(tiny_store, tmp_path, out=str(tmp_path / "b"), weight_decay=0.05, checkpoint_every=1)
+    assert a["log"]["train_loss"].iloc[-1] != b["log"]["train_loss"].iloc[-1]
+    groups = torch.load(tmp_path / "b" / "checkpoint.pt", weights_only=False)["opt"]["param_groups"]
+    assert {g["weight_decay"] for g in groups} == {0.05}
