@@ -68,11 +68,11 @@ class TrainConfig:
     sampler: str = setting("per-hop", "per-hop (every layer draws its nodes' neighbours, DGL's) | dense (MariusGNN's "
                                       "DENSE: a node's draw is reused by the inner layers; only new nodes are drawn)")
     batch_size: int = setting(1024, "training nodes per mini-batch")
-    accumulate: str = setting("off", "label-balanced optimizer steps: on (a step accumulates the gradients of "
-                                     "consecutive mini-batches until it has seen min(batch size, training nodes) "
-                                     "labelled nodes, or its epoch ends) | off (a step per mini-batch, as the papers; "
-                                     "measured better on cora's given split) | auto (on where the plan's groups hold "
-                                     "fewer labelled nodes than that, and too few to carry the training set's label mix)")
+    accumulate: str = setting("auto", "label-balanced optimizer steps: on (a step accumulates the gradients of "
+                                      "consecutive mini-batches until it has seen min(batch size, training nodes) "
+                                      "labelled nodes, or its epoch ends) | off (a step per mini-batch, as the "
+                                      "papers) | auto (on where the plan's groups hold fewer labelled nodes than "
+                                      "that, and too few to carry the training set's label mix)")
     hidden: int = setting(128, "hidden width")
     lr: float = setting(3e-3, "Adam learning rate")
     dropout: float = setting(0.5, "dropout between layers")

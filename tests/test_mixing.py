@@ -103,8 +103,8 @@ def test_the_warning_fires_on_drift_and_says_when_more_parts_cannot_help():
 
 def test_groups_of_more_parts_mix_better(by_label, tmp_path):
     """On a store ordered by label, larger mega-batches are closer to the training set, and the warning
-    follows the thresholds."""
-    small, large = (mixing(make_plan(by_label, _cfg(by_label, tmp_path, policy="hierbatching",
+    follows the thresholds (a step per mini-batch: accumulated steps would mix the pairs)."""
+    small, large = (mixing(make_plan(by_label, _cfg(by_label, tmp_path, policy="hierbatching", accumulate="off",
                                                     parts_per_megabatch=k))) for k in (2, 16))
     assert small["tv_mean"] > large["tv_mean"] and small["drift"] > MAX_DRIFT
     assert small["parts_mean"] < MIN_PARTS and "--parts-per-megabatch" in small["warning"]
