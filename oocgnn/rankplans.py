@@ -34,7 +34,7 @@ from .distributed import (TRAFFIC, Exchange, RankFeatures, batch_key, fetch_macr
 from .errors import UserError
 from .io import IOStats, range_chunks
 from .metrics import Tally
-from .policies import evened, fitting_parts, resolve_static_ratio
+from .policies import evened, fitting_parts, lowered_until, resolve_static_ratio
 from .policies.sampleahead import MacrobatchPlan as BatchGNNPlan
 from .sampler import Sampler
 
@@ -158,6 +158,8 @@ class MegabatchPlan(RankPlan):
         self.passes = float(cfg.get("passes"))
         self.static_ratio = resolve_static_ratio(cfg.get("static_ratio"), cfg.memory_budget_bytes,
                                                  (data.hi - data.lo) * data.row_bytes)   # auto: the rank's
+        if cfg.get("static_ratio") == "auto":       # lowered where no mega-batch fits beside it (`lowered_until`)
+            self.static_ratio = lowered_until(lambda r_s: self._fit(r_s) > 0, self.static_ratio)
         self.batch_size = max(1, -(-cfg.batch_size // data.world))      # the global batch, split over ranks
         offsets = np.asarray(data.part_offsets, dtype=np.int64)
         self.offsets = offsets[(offsets >= data.lo) & (offsets <= data.hi)]      # its own parts
@@ -179,9 +181,7 @@ class MegabatchPlan(RankPlan):
         offsets = self.offsets
         static = int(self.static_ratio * (offsets[-1] - offsets[0]))
         sizes = np.cumsum(np.sort(np.diff(offsets))[::-1])
-        def fits(n):
-            return (int(sizes[n - 1]) + 2 * static) * self.data.row_bytes <= self.cfg.memory_budget_bytes
-        fit = fitting_parts(len(sizes), fits)
+        fit = self._fit(self.static_ratio)
         want = int(self.cfg.get("parts_per_megabatch"))
         if fit < 1 or (want and want > fit):
             need = (int(sizes[max(want, 1) - 1]) + 2 * static) * self.data.row_bytes
@@ -189,6 +189,16 @@ class MegabatchPlan(RankPlan):
                             f"{need} bytes, more than --memory-budget {self.cfg.memory_budget_bytes} (per rank): "
                             "raise it, or lower --parts-per-megabatch or --static-ratio")
         return min(want, len(sizes)) if want else evened(len(sizes), max(1, fit))
+
+    def _fit(self, static_ratio) -> int:
+        """The most of its parts (the largest first) that fit the budget beside `static_ratio` of its rows,
+        counted twice (held, and copied into each mega-batch's rows)."""
+        offsets = self.data.part_offsets
+        offsets = np.asarray(offsets, dtype=np.int64)[(offsets >= self.data.lo) & (offsets <= self.data.hi)]
+        static = int(static_ratio * (offsets[-1] - offsets[0]))
+        sizes = np.cumsum(np.sort(np.diff(offsets))[::-1])
+        return fitting_parts(len(sizes), lambda n: (int(sizes[n - 1]) + 2 * static) * self.data.row_bytes
+                             <= self.cfg.memory_budget_bytes)
 
     def _read(self, ids):
         return torch.from_numpy(self.reader.read_rows(ids - self.data.lo)) if len(ids) else \

@@ -420,7 +420,10 @@ def test_hierbatching_per_rank_trains_inside_its_own_megabatches(fennel16, passe
     assert sum(counts) >= int(np.ceil(passes * steps_per_epoch(len(fennel16.train_idx), 64)))
     auto = make_rank_plan(cfg.replace(static_ratio="auto"), data, None, lists,
                           Sampler(lists, [5, 5], 0), None)        # of the rank's budget and rows
-    assert auto.static_ratio == static_ratio_for(400_000, (data.hi - data.lo) * data.row_bytes) < 0.05
+    # auto: of the rank's budget and rows, halved while no part fits beside it
+    r_s = static_ratio_for(400_000, (data.hi - data.lo) * data.row_bytes)
+    assert auto._fit(auto.static_ratio) >= 1 and 0 < auto.static_ratio <= r_s
+    assert auto.static_ratio == r_s or auto._fit(2 * auto.static_ratio) == 0
     with pytest.raises(UserError, match="memory-budget"):
         make_rank_plan(cfg.replace(memory_budget="4KB"), RankData.open(fennel16.path, 2, 0), None, lists, None, None)
 

@@ -168,21 +168,37 @@ def test_simulate_carries_the_plans_mixing(by_label, tmp_path):
     assert simulate(by_label, plan, steps=2, progress=False).attrs["mixing"] == mixing(plan)
 
 
-def test_the_default_static_ratio_is_five_percent_capped_at_a_share_of_the_budget(fennel16, tmp_path):
-    """--static-ratio auto: r_s = 0.05 where the budget holds a third of the features or more, else
+def _fits(store, tmp_path, budget, static_ratio) -> bool:
+    from oocgnn.errors import UserError
+    try:
+        make_plan(store, _cfg(store, tmp_path, policy="hierbatching", memory_budget=f"{budget}B",
+                              static_ratio=static_ratio))
+        return True
+    except UserError:
+        return False
+
+
+def test_the_default_static_ratio_is_fifteen_percent_capped_at_a_share_of_the_budget(fennel16, tmp_path):
+    """--static-ratio auto: r_s = 0.15 where the budget holds a third of the features or more, else
     STATIC_SHARE of the budget's share (so the static rows never take more than that of the budget);
     a number given on the command line is that number."""
     from oocgnn.errors import UserError
     from oocgnn.policies import STATIC_SHARE, static_ratio_for
     a = fennel16.num_nodes * fennel16.row_stride
-    assert static_ratio_for(a // 3 + 3, a) == 0.05 and static_ratio_for(a, a) == 0.05
+    assert static_ratio_for(a // 3 + 3, a) == 0.15 and static_ratio_for(a, a) == 0.15
     assert static_ratio_for(a // 20, a) == pytest.approx(STATIC_SHARE / 20, rel=1e-3)
-    for budget in (a // 2, a, 2 * a):     # the tiny graph's overheads leave no room for a mega-batch below a / 2
+    for budget in (a, 2 * a):             # the tiny graph's overheads: at a / 2 r_s gives way (below)
         plan = make_plan(fennel16, _cfg(fennel16, tmp_path, policy="hierbatching", memory_budget=f"{budget}B"))
         r_s = static_ratio_for(plan.budget, a)
         assert plan.static_ratio == r_s and plan.setup_rows() == int(r_s * fennel16.num_nodes)
         assert len(plan.schedule.static_ids) == plan.setup_rows() and plan.rule()["r_s"] == r_s
         assert plan.setup_rows() * fennel16.row_stride <= STATIC_SHARE * plan.budget
+    # a budget that holds no mega-batch beside r_s auto: the static rows give way (halved until one fits);
+    # the same r_s given is refused
+    tight = next(b for b in range(a, a // 8, -(a // 64)) if not _fits(fennel16, tmp_path, b, str(static_ratio_for(b, a))))
+    plan = make_plan(fennel16, _cfg(fennel16, tmp_path, policy="hierbatching", memory_budget=f"{tight}B"))
+    assert 0 < plan.static_ratio < static_ratio_for(tight, a) and plan.n_d >= 1
+    assert not _fits(fennel16, tmp_path, tight, str(2 * plan.static_ratio)), "the largest halving that fits"
     given = make_plan(fennel16, _cfg(fennel16, tmp_path, policy="hierbatching", static_ratio="0.02"))
     assert given.static_ratio == 0.02 and given.setup_rows() == int(0.02 * fennel16.num_nodes)
     with pytest.raises(UserError, match="static_ratio is a fraction"):
