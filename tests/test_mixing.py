@@ -199,6 +199,9 @@ def test_the_default_static_ratio_is_fifteen_percent_capped_at_a_share_of_the_bu
     plan = make_plan(fennel16, _cfg(fennel16, tmp_path, policy="hierbatching", memory_budget=f"{tight}B"))
     assert 0 < plan.static_ratio < static_ratio_for(tight, a) and plan.n_d >= 1
     assert not _fits(fennel16, tmp_path, tight, str(2 * plan.static_ratio)), "the largest halving that fits"
+    pairs = make_plan(fennel16, _cfg(fennel16, tmp_path, policy="hierbatching", memory_budget=f"{tight}B",
+                                     parts_per_megabatch=plan.n_d))          # N_d given: the same way
+    assert pairs.static_ratio == plan.static_ratio
     given = make_plan(fennel16, _cfg(fennel16, tmp_path, policy="hierbatching", static_ratio="0.02"))
     assert given.static_ratio == 0.02 and given.setup_rows() == int(0.02 * fennel16.num_nodes)
     with pytest.raises(UserError, match="static_ratio is a fraction"):

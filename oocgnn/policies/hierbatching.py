@@ -103,7 +103,28 @@ class HierBatchingPlan(Plan):
                             "(prepare it with --partitioner metis|fennel --parts K, or --regroup metis:K)")
         self.num_groupable = parts              # the parts mega-batches group (the store's, or --regroup's)
         self.n_d = o.parts_per_megabatch or self._most_parts(parts)
+        if o.parts_per_megabatch and o.static_ratio == "auto":
+            self._static_gives_way(lambda: self._fits_any_topology(o.parts_per_megabatch))
         self._choose_topology()
+
+    def _static_gives_way(self, holds):
+        """r_s auto where the budget then holds no mega-batch: halved until `holds()` (`lowered_until`): the
+        static rows give way to the mega-batch they serve."""
+        def with_ratio(r_s):
+            self._static_ratio = r_s
+            return holds()
+        self._static_ratio = lowered_until(with_ratio, self.static_ratio)
+        self.__dict__.pop("schedule", None)
+
+    def _fits_any_topology(self, n) -> bool:
+        """Whether a mega-batch of `n` parts fits the budget on some topology the run may take."""
+        self.n_d = n
+        for topology in (("memory", "disk") if self.cfg.topology == "auto" else (self.topology,)):
+            self.topology = topology
+            self.__dict__.pop("schedule", None)
+            if self.resident_bytes() <= self.budget:
+                return True
+        return False
 
     def _most_parts(self, parts) -> int:
         """N_d = 0: the most parts whose mega-batch (twice, with the prefetch buffer) fits the budget
@@ -123,11 +144,8 @@ class HierBatchingPlan(Plan):
             return best
 
         best = most()
-        if not best[0] and self.options.static_ratio == "auto":      # the static rows give way (`lowered_until`)
-            def holds_one(r_s):
-                self._static_ratio = r_s
-                return most()[0] > 0
-            self._static_ratio = lowered_until(holds_one, self.static_ratio)
+        if not best[0] and self.options.static_ratio == "auto":
+            self._static_gives_way(lambda: most()[0] > 0)
             best = most()
         self.topology, self.n_d = best[1], evened(parts, max(1, best[0]))
         self.__dict__.pop("schedule", None)
