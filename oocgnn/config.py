@@ -23,6 +23,7 @@ from .units import parse_size
 
 EVAL_MODES = ("layerwise", "batch")   # --eval-mode (oocgnn.evaluation)
 ACCUMULATE = ("auto", "on", "off")   # --accumulate (oocgnn.optsteps)
+DECODERS = ("dot", "mlp")        # --decoder (oocgnn.linktask)
 PRECISIONS = ("fp32", "bf16")     # --precision: float32, or bfloat16 autocast (oocgnn.device)
 MAX_HIDDEN = 1 << 16              # --hidden: wider layers are refused before torch tries to allocate them
 
@@ -94,7 +95,17 @@ class TrainConfig:
     target_acc: float = setting(0.0, "report the time to reach this validation accuracy (of --target-metric)")
     target_metric: str = setting("acc", "the validation metric that picks the best evaluation (test at best val), "
                                         "--target-acc and the tuner's choice aim at: acc | f1 (macro-F1) | auc "
-                                        "(ROC-AUC, binary labels only)")
+                                        "(ROC-AUC, binary labels only); a link store's: mrr (its default)")
+    decoder: str = setting("dot", "link stores: the edge score of two endpoint embeddings: dot (their dot product) | "
+                                  "mlp (OGB's LinkPredictor: an MLP on their elementwise product)")
+    negatives: int = setting(100, "link stores: negatives shared by each chunk of a training batch (MariusGNN)")
+    negative_chunks: int = setting(10, "link stores: chunks a training batch is cut into, each sharing one set of "
+                                       "negatives (MariusGNN's num_chunks)")
+    negative_degree_fraction: float = setting(0.0, "link stores: share of the negatives drawn from the batch's "
+                                                   "destinations, i.e. by degree (MariusGNN's degree_fraction; the "
+                                                   "rest uniform)")
+    eval_negatives: int = setting(100, "link stores: negatives each held-out edge is ranked against (fixed per edge, "
+                                       "negatives.eval_targets; OGB's own where the store has them)")
     out: str = setting("", "run directory (default runs/<store>-<policy>-<model>-s<seed>)")
     seed: int = setting(0, "seed of batches, sampling and model initialisation")
     seeds: str = setting("", "train once per seed (e.g. 0,1,2) into <out>/seed<S> and write their mean ± std "
@@ -156,8 +167,14 @@ class TrainConfig:
             raise UserError(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
         if self.seeds:
             self.seeds = ",".join(map(str, parse_seeds(self.seeds)))
-        if self.target_metric not in METRICS:
-            raise UserError(f"target_metric must be one of {', '.join(METRICS)}, got {self.target_metric!r}")
+        if self.target_metric not in METRICS + ("mrr",):        # mrr: link stores (`metrics.check_target`)
+            raise UserError(f"target_metric must be one of {', '.join(METRICS)} or mrr, got {self.target_metric!r}")
+        if self.decoder not in DECODERS:
+            raise UserError(f"decoder must be one of {', '.join(DECODERS)}, got {self.decoder!r}")
+        if min(self.negatives, self.negative_chunks, self.eval_negatives) < 1 or \
+                not 0 <= self.negative_degree_fraction <= 1:
+            raise UserError("negatives, negative_chunks and eval_negatives must be >= 1 and negative_degree_fraction "
+                            "in [0, 1]")
         if self.eval_mode not in EVAL_MODES:
             raise UserError(f"eval_mode must be one of {', '.join(EVAL_MODES)}, got {self.eval_mode!r}")
         if self.accumulate not in ACCUMULATE:

@@ -2,7 +2,8 @@
 
 It walks the plan's steps through the runtime (`runtime.Runtime.walk`: each step's residency change,
 then its batch sampled), gathers the batch's rows, runs the model through the plan's history stage,
-and does what every run does around that: evaluation, `log.csv`/`steps.csv`/`summary.json`,
+takes the task's loss (`NodeTask`: cross-entropy on the seeds' labels; `linktask.LinkTask`: edges against
+their negatives), and does what every run does around that: evaluation, `log.csv`/`steps.csv`/`summary.json`,
 checkpoints and their resume, stage timers. What differs between one process and a rank is its
 `Ranks`: the collectives (gradients averaged after backward, evaluation's confusion counts and log totals
 summed, its binary scores and every rank's record gathered) and what it owns (its evaluation nodes); one
@@ -146,6 +147,51 @@ class SampledEvaluation:
                 "eval_spilled": lw.spilled if lw is not None else None}
 
 
+class NodeTask:
+    """Node classification: the model's logits of a batch's seeds against their labels (cross-entropy),
+    evaluated on the store's validation and test nodes (accuracy, macro-F1, ROC-AUC: `metrics`)."""
+    metrics, primary = METRICS, "acc"
+    columns = LOG_COLUMNS + METRIC_LOG_COLUMNS
+
+    def __init__(self, cfg, store, runtime, ranks):
+        self.cfg, self.store, self.ranks = cfg, store, ranks
+        self.labels = runtime.labels()             # indexed by store id
+        self.sets = {}
+        for split, ids in (("val", store.val_idx), ("test", store.test_idx)):
+            if cfg.max_eval_nodes and len(ids) > cfg.max_eval_nodes:
+                ids = np.sort(np.random.default_rng(cfg.seed + 1).choice(ids, cfg.max_eval_nodes, replace=False))
+            self.sets[split] = ranks.owns(ids)
+
+    def build_model(self):
+        cfg, store = self.cfg, self.store
+        return build_model(cfg.model, store.feat_dim, cfg.hidden, store.num_classes, cfg.layers, cfg.dropout)
+
+    def evaluator(self, evaluation, plan, runtime, device):
+        return evaluation(self.cfg, plan, runtime, self.store, self.sets, self.labels, device)
+
+    def evaluate(self, evaluator, model) -> dict:
+        """{split: {acc, f1, auc}} of the model: the ranks' confusion counts summed, their scores gathered (an
+        empty split has no metrics: NaN in the log, not 0)."""
+        ranks = self.ranks
+        tallies = evaluator.tallies(model)
+        c = self.store.num_classes
+        sums = ranks.sum(np.concatenate([tallies[s].confusion.ravel() for s in self.sets]).tolist())
+        confs = np.asarray(sums, dtype=np.int64).reshape(len(self.sets), c, c)
+        every = ranks.gather({s: tallies[s].scored() for s in self.sets}) if c == 2 else None
+        out = {}
+        for s, conf in zip(self.sets, confs):
+            scored = [np.concatenate(a) for a in zip(*(r[s] for r in every))] if every else [None, None]
+            out[s] = metrics(conf, *scored)
+        return out
+
+    def targets(self, step, sample) -> list:
+        """The batch's tensors the loss needs beside the model's output: the seeds' labels."""
+        return [self.labels[torch.from_numpy(sample.output_nodes)].long()]
+
+    def loss(self, model, out, y):
+        return F.cross_entropy(out.float(), y)
+
+
 def eval_budget(plan) -> int:
     """Bytes layer-wise evaluation may hold in RAM (the rest spills to a temporary file): what the plan
     leaves of the budget, since evaluation runs while the plan's residents are held; a baseline the
@@ -189,7 +235,8 @@ def run_loop(cfg, run, store, plan, runtime, t_enter, device, mix, ranks=None, f
              evaluation=SampledEvaluation) -> dict:
     """Train `plan` through `runtime`; returns the summary (rank 0 writes the run directory). `facts`:
     more of config.json (a distributed run's world and owners); `evaluation`: how the rank evaluates its
-    nodes (made after the setup: `SampledEvaluation`'s arguments)."""
+    nodes (made after the setup: `SampledEvaluation`'s arguments). The store's task (`NodeTask`, or
+    `linktask.LinkTask` on a link store, whose evaluation is its own) gives the model, loss and metrics."""
     ranks = ranks or Ranks()
     writes = ranks.rank == 0
     sampler = runtime.sampler
@@ -203,17 +250,16 @@ def run_loop(cfg, run, store, plan, runtime, t_enter, device, mix, ranks=None, f
                      "loadavg": open("/proc/loadavg").read().split()[:3]}, **(facts or {})})
 
     cuda_memory = cuda_host_memory(device)         # CUDA's own host memory (measured at the process's start)
-    labels = runtime.labels()                      # indexed by store id
-    model = build_model(cfg.model, store.feat_dim, cfg.hidden, store.num_classes, cfg.layers, cfg.dropout)
+    if getattr(store, "task", "node") == "link":
+        from .linktask import LinkTask
+        task = LinkTask(cfg, store, runtime, ranks)
+    else:
+        task = NodeTask(cfg, store, runtime, ranks)
+    model = task.build_model()
     model.to(device)                               # initialised on the CPU: the same weights on any device
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     losses = LossMeter(device)                     # on a GPU, read one step late (no sync per step)
-    log_columns = LOG_COLUMNS + METRIC_LOG_COLUMNS + EVAL_LOG_COLUMNS + list(runtime.log_fields())
-    eval_sets = {}
-    for split, ids in (("val", store.val_idx), ("test", store.test_idx)):
-        if cfg.max_eval_nodes and len(ids) > cfg.max_eval_nodes:
-            ids = np.sort(np.random.default_rng(cfg.seed + 1).choice(ids, cfg.max_eval_nodes, replace=False))
-        eval_sets[split] = ranks.owns(ids)
+    log_columns = task.columns + EVAL_LOG_COLUMNS + list(runtime.log_fields())
 
     steps = list(plan.steps(cfg.epochs))          # deterministic; listed once for lookahead
     slots = _slots(steps, cfg.epochs, ranks)      # one process: (epoch, i) of every step
@@ -239,20 +285,6 @@ def run_loop(cfg, run, store, plan, runtime, t_enter, device, mix, ranks=None, f
                                 f"lower --lr (now {cfg.lr}) or check the features")
             st["loss_sum"], st["loss_n"] = st["loss_sum"] + value, st["loss_n"] + 1
 
-    def evaluations():
-        """{split: {acc, f1, auc}} of the model: the ranks' confusion counts summed, their scores gathered (an
-        empty split has no metrics: NaN in the log, not 0)."""
-        tallies = evaluator.tallies(model)
-        c = store.num_classes
-        sums = ranks.sum(np.concatenate([tallies[s].confusion.ravel() for s in eval_sets]).tolist())
-        confs = np.asarray(sums, dtype=np.int64).reshape(len(eval_sets), c, c)
-        every = ranks.gather({s: tallies[s].scored() for s in eval_sets}) if c == 2 else None
-        out = {}
-        for s, conf in zip(eval_sets, confs):
-            scored = [np.concatenate(a) for a in zip(*(r[s] for r in every))] if every else [None, None]
-            out[s] = metrics(conf, *scored)
-        return out
-
     def eval_io():
         """Evaluation's reads so far, features and lists (its own readers', or what it read through the run's)."""
         rows_io, lists_io = runtime.eval_io()
@@ -262,7 +294,7 @@ def run_loop(cfg, run, store, plan, runtime, t_enter, device, mix, ranks=None, f
         add_losses(losses.flush())
         before = runtime.io()
         with timers("eval"):
-            got = evaluations()
+            got = task.evaluate(evaluator, model)
             trim_heap()                            # its blocks' pieces: not left in the RSS under the steps
         if evaluator.reads_in_run:                 # else a background load may be what was read
             excluded.__iadd__(runtime.io() - before)
@@ -274,7 +306,7 @@ def run_loop(cfg, run, store, plan, runtime, t_enter, device, mix, ranks=None, f
         wall_s, rss = ranks.max([st["train_s"], peak_rss()])
         rows.append({"wall_s": round(wall_s, 4), "epoch": epoch, "step": step,
                      "train_loss": loss_sum / loss_n if loss_n else float("nan"),
-                     **{f"{split}_{m}": got[split][m] for split in ("val", "test") for m in METRICS},
+                     **{f"{split}_{m}": got[split][m] for split in ("val", "test") for m in task.metrics},
                      "bytes_read": int(bytes_read), "requests": int(requests), "peak_rss": int(rss),
                      "eval_bytes_read": int(eval_bytes), "eval_requests": int(eval_requests),
                      **{k: int(v) for k, v in zip(more, more_sums)}})
@@ -308,7 +340,7 @@ def run_loop(cfg, run, store, plan, runtime, t_enter, device, mix, ranks=None, f
     bar = tqdm(total=len(slots), desc=cfg.policy, unit="step", disable=not cfg.progress, leave=False)
     with runtime.memory_cap():
         runtime.setup()                            # run-long residents: outside the timed epochs
-        evaluator = evaluation(cfg, plan, runtime, store, eval_sets, labels, device)
+        evaluator = task.evaluator(evaluation, plan, runtime, device)
         trim_heap()                                # the setup's transients (profiles, chunks read)
         if cfg.resume:
             state = run.load_checkpoint()
@@ -355,17 +387,17 @@ def run_loop(cfg, run, store, plan, runtime, t_enter, device, mix, ranks=None, f
                 with timers("gather"):
                     x, ctx = runtime.inputs(sample, step.update)
                 with timers("h2d"):                # a no-op on the CPU; on a GPU, queued on a side stream
-                    x, y = runtime.to_device([x, labels[torch.from_numpy(sample.output_nodes)].long()], ctx)
+                    x, *y = runtime.to_device([x, *task.targets(step, sample)], ctx)
                 with timers("compute"):
                     with autocast(device, cfg.precision):
-                        logits = runtime.forward(model, ctx, x, step.update)   # histories age per update
-                    loss = F.cross_entropy(logits.float(), y)
+                        out = runtime.forward(model, ctx, x, step.update)   # histories age per update
+                    loss = task.loss(model, out, *y)
                     (loss if weights[g] == 1.0 else loss * weights[g]).backward()   # the step's mean loss
                     if closes[g]:
                         update()
                     add_losses(losses.push(i, epoch, loss))   # a GPU waits here for the previous step
                     runtime.h2d.step_done()
-                del x, y, ctx, sample
+                del x, y, ctx, sample, out
             step_s = time.perf_counter() - t0
             st["train_s"] += step_s
             if i is not None:
@@ -405,7 +437,7 @@ def run_loop(cfg, run, store, plan, runtime, t_enter, device, mix, ranks=None, f
     train_s = st["train_s"]
     epochs_run = len(slots) / max(1, epoch_steps) if truncated else cfg.epochs
     target = log[f"val_{cfg.target_metric}"]     # a validation split of one class has no AUC: then accuracy's
-    best = int((target if target.notna().any() else log["val_acc"]).idxmax())
+    best = int((target if target.notna().any() else log[f"val_{task.primary}"]).idxmax())
     reached = log[target >= cfg.target_acc] if cfg.target_acc else log.iloc[:0]
     stage = {k: round(v, 3) for k, v in {**timers.s, **{f"bg_{k}": v for k, v in runtime.timers.items()}}.items()}
     summary = {
@@ -414,9 +446,10 @@ def run_loop(cfg, run, store, plan, runtime, t_enter, device, mix, ranks=None, f
         "train_s": round(train_s, 3), "epoch_s": round(train_s / epochs_run, 3),
         "setup_s": round(setup_s, 3), "stage_s": stage,
         # each metric's best validation value, and its test value where the target metric's validation peaked
-        **{k: v for m in METRICS for k, v in zip(summary_keys(m), (_metric(log[f"val_{m}"].max()),
-                                                                    _metric(log[f"test_{m}"][best])))},
-        "final_val_acc": float(log["val_acc"].iloc[-1]), "final_test_acc": _metric(log["test_acc"].iloc[-1]),
+        **{k: v for m in task.metrics for k, v in zip(summary_keys(m), (_metric(log[f"val_{m}"].max()),
+                                                                         _metric(log[f"test_{m}"][best])))},
+        f"final_val_{task.primary}": float(log[f"val_{task.primary}"].iloc[-1]),
+        f"final_test_{task.primary}": _metric(log[f"test_{task.primary}"].iloc[-1]),
         "target_metric": cfg.target_metric, "target_acc": cfg.target_acc,
         "time_to_target_s": float(reached["wall_s"].iloc[0]) if len(reached) else None,
         "io": {**io.as_dict(), "reader": reader},

@@ -15,7 +15,8 @@ import numpy as np
 from .errors import UserError
 
 METRICS = ("acc", "f1", "auc")       # --target-metric; log.csv's val_<m> and test_<m> columns
-NAMES = {"acc": "accuracy", "f1": "macro-F1", "auc": "ROC-AUC"}
+LINK_METRICS = ("mrr", "hits@1", "hits@3", "hits@10")   # a link store's (`linktask`, OGB's ogbl-citation2 list)
+NAMES = {"acc": "accuracy", "f1": "macro-F1", "auc": "ROC-AUC", "mrr": "MRR"}
 
 
 def confusion(pred, labels, num_classes: int) -> np.ndarray:
@@ -99,8 +100,12 @@ def summary_keys(metric: str) -> tuple:
         (f"best_val_{metric}", f"test_{metric}_at_best_val")
 
 
-def check_target(metric: str, num_classes: int):
-    """Refuse --target-metric auc on labels that are not binary."""
+def check_target(metric: str, num_classes: int, task: str = "node"):
+    """Refuse --target-metric auc on labels that are not binary, a node metric on a link store and MRR on a
+    node store."""
+    if (metric == "mrr") != (task == "link"):
+        raise UserError(f"--target-metric {metric} does not apply to a {task} store (node stores: "
+                        f"{', '.join(METRICS)}; link stores: mrr)")
     if metric == "auc" and num_classes != 2:
         raise UserError(f"--target-metric auc needs binary labels; this store has {num_classes} classes "
                         "(use acc or f1)")

@@ -52,6 +52,11 @@ def batch_negatives(pos, nodes, num_negatives: int, chunks: int = 1, degree_frac
 
 def eval_targets(first: int, count: int, num_nodes: int, k: int, seed: int = 0) -> np.ndarray:
     """int64 [count, k]: the negative destinations of held-out edges first .. first + count − 1."""
-    i = np.arange(first, first + count, dtype=np.uint64)[:, None] ^ seed_word(seed)
+    return eval_targets_at(np.arange(first, first + count), num_nodes, k, seed)
+
+
+def eval_targets_at(positions, num_nodes: int, k: int, seed: int = 0) -> np.ndarray:
+    """int64 [len(positions), k]: the negative destinations of the held-out edges at `positions`."""
+    i = np.asarray(positions, dtype=np.int64).astype(np.uint64)[:, None] ^ seed_word(seed)
     j = (np.arange(k, dtype=np.uint64)[None, :] + np.uint64(1)) * np.uint64(GOLDEN)
     return (mix64(mix64(i) + j) % np.uint64(num_nodes)).astype(np.int64)

@@ -18,6 +18,7 @@ import pandas as pd
 
 from .config import POLICY_OPTIONS, SETTINGS, TrainConfig
 from .errors import UserError, first_line
+from .metrics import LINK_METRICS
 
 RUN_FILES = ("config.json", "log.csv", "steps.csv", "summary.json", "checkpoint.pt")
 LOG_COLUMNS = ["wall_s", "epoch", "step", "train_loss", "val_acc", "test_acc",
@@ -26,6 +27,9 @@ METRIC_LOG_COLUMNS = ["val_f1", "test_f1", "val_auc", "test_auc"]   # macro-F1, 
 #                                                       not required of a log (runs before them load)
 EVAL_LOG_COLUMNS = ["eval_bytes_read", "eval_requests"]   # evaluation's reads so far (features and lists), beside
 #                                                       the run's; not required of a log (runs before them load)
+LINK_LOG_COLUMNS = ["wall_s", "epoch", "step", "train_loss",
+                    *(f"{split}_{m}" for split in ("val", "test") for m in LINK_METRICS),
+                    "bytes_read", "requests", "peak_rss"]       # a link store's run (`linktask`): its metrics'
 STEP_COLUMNS = ["epoch", "batch", "seconds", "bytes_read", "pages", "requests", "io_seconds",
                 "sample_s", "gather_s", "compute_s"]      # the step's foreground stages (compute: with h2d)
 

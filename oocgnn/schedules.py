@@ -12,6 +12,9 @@ step. Three schedules, one contract (`schedule.epoch(e)`, deterministic from (se
   (`oocgnn.orderings`: COMET, BETA, sequential); each training node trains in the one state it is
   assigned to; a state's partitions (features) and the edge buckets among them (`oocgnn.buckets`)
   are resident, and sampling stays inside them.
+- `edges` (link prediction, `--task link` stores): the training edges (the topology's, each undirected
+  edge once) shuffled and cut into batches of B edges, each with its chunk-shared negatives
+  (`negatives.batch_negatives`, MariusGNN §2.8); a step's seeds are its endpoints and negatives.
 - `megabatch`: HierBatching Alg. 1: groups of N_d random parts (features + adjacency
   resident) plus a static cache of the ⌊r_s·N⌋ highest-degree nodes (features + adjacency,
   resident for the whole run); p passes over the group's training nodes; sampling only
@@ -32,14 +35,24 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import NamedTuple
 
 import numpy as np
 
 from .buckets import EdgeBuckets, physical_offsets
 from .errors import UserError
+from .negatives import batch_negatives
 from .orderings import ORDERINGS, assign, auto_logical, comet_shape, epoch_states
 
 _EMPTY = np.empty(0, dtype=np.int64)
+
+
+class LinkBatch(NamedTuple):
+    """A link-prediction step's examples (store ids): the positives and their chunk-shared negatives
+    (`negatives.batch_negatives`: chunk c's set corrupts the destinations of its consecutive positives)."""
+    edges: np.ndarray          # int64 [B, 2] training edges (source, destination)
+    negatives: np.ndarray      # int64 [chunks, K] each chunk's negative destinations
+    filter: np.ndarray         # int64 [F, 2] (positive, column) pairs whose negative is that positive's own edge
 
 
 @dataclass
@@ -64,6 +77,8 @@ class Step:
                                                         # buckets among them are resident)
     update: int = 0                                     # its optimizer step in the run (`optsteps`; set by
                                                         # the plan's `steps`: a schedule's are all 0)
+    link: LinkBatch | None = None                       # link prediction: the batch's edges and negatives
+                                                        # (`seeds`: their sorted distinct nodes)
 
     @property
     def visible(self) -> np.ndarray | None:
@@ -364,8 +379,50 @@ class BufferSchedule(Schedule):
                 yield step
 
 
+def training_edges(store) -> np.ndarray:
+    """int64 [M, 2]: each undirected edge {u, v} of the store's topology once, as (u, v) with u < v, in CSR
+    order (a link store's topology holds its training edges only, `linksplit`)."""
+    indptr, indices = store.indptr, np.asarray(store.indices, dtype=np.int64)
+    src = np.repeat(np.arange(store.num_nodes, dtype=np.int64), np.diff(indptr))
+    keep = indices > src
+    return np.stack([src[keep], indices[keep]], axis=1)
+
+
+class EdgeSchedule(Schedule):
+    """Link prediction: the training edges shuffled each epoch and cut into batches of B edges, each with
+    MariusGNN's chunk-shared negatives (`negatives.batch_negatives`: `num_negatives` per chunk, `chunks`
+    chunks, a `degree_fraction` of them drawn from the batch's destinations, the rest uniform over the
+    nodes), keyed by (seed, epoch, batch). A step's seeds are the sorted distinct endpoints and negatives:
+    the nodes whose embeddings its loss needs, sampled over the whole graph."""
+    name = "edges"
+
+    def __init__(self, store, batch_size=1024, seed=0, num_negatives=100, chunks=10, degree_fraction=0.0):
+        super().__init__(store, batch_size, seed)
+        self.num_negatives, self.chunks, self.degree_fraction = int(num_negatives), int(chunks), float(degree_fraction)
+
+    @cached_property
+    def edges(self) -> np.ndarray:
+        return training_edges(self.store)
+
+    def params(self):
+        return {**super().params(), "num_negatives": self.num_negatives, "chunks": self.chunks,
+                "degree_fraction": self.degree_fraction}
+
+    def batch(self, edges, epoch, b, nodes=None) -> Step:
+        """The step of positives `edges`, its negatives uniform over `nodes` (None: every node)."""
+        negatives, filt = batch_negatives(edges, self.store.num_nodes if nodes is None else nodes, self.num_negatives,
+                                          min(self.chunks, len(edges)), self.degree_fraction, self.seed, epoch, b)
+        seeds = np.unique(np.concatenate([edges.ravel(), negatives.ravel()]))
+        return Step(seeds=seeds, link=LinkBatch(edges, negatives, filt))
+
+    def epoch(self, epoch):
+        edges = self.edges[self.rng(epoch, 1).permutation(len(self.edges))]
+        for b, lo in enumerate(range(0, len(edges), self.batch_size)):
+            yield self.batch(edges[lo:lo + self.batch_size], epoch, b)
+
+
 SCHEDULES = {"random": RandomSchedule, "partition": PartitionSchedule, "megabatch": MegabatchSchedule,
-             "buffer": BufferSchedule}
+             "buffer": BufferSchedule, "edges": EdgeSchedule}
 
 
 def make_schedule(name, store, **params) -> Schedule:

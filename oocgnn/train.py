@@ -64,7 +64,13 @@ def _train(cfg, run, ranks, t_enter) -> dict:
     world = ranks.world
     own_rows = ranks.distributed and exchanges(cfg)   # ranks holding only their own rows (BatchGNN's exchanges)
     store = None if own_rows else open_store(cfg.store)   # a bad store is refused before --out is made
-    if store is not None:
+    if store is not None and store.task == "link":
+        from .linktask import check_settings
+        if cfg.target_metric != "mrr" and "target_metric" not in getattr(cfg, "given", ()):
+            cfg = cfg.replace(target_metric="mrr")     # the default (acc) of a node store: a link store's is MRR
+        check_target(cfg.target_metric, store.num_classes, store.task)
+        check_settings(cfg, store)
+    elif store is not None:
         check_target(cfg.target_metric, store.num_classes)
         for split in ("train", "val"):
             if not len(getattr(store, f"{split}_idx")):
@@ -98,8 +104,8 @@ def _train(cfg, run, ranks, t_enter) -> dict:
     with ranks.one_at_a_time():                    # what a plan derives once (edge buckets): rank 0 writes it
         plan = make_plan(store, rank_config(cfg, world))
         plan.check_machine()                       # what cannot be resident here is refused before any read
-        mix = mixing(plan)                         # from labels and the plan's groups: no I/O
-        if mix["warning"] and ranks.rank == 0:
+        mix = mixing(plan) if plan.task == "node" else None   # from labels and the plan's groups: no I/O
+        if mix and mix["warning"] and ranks.rank == 0:
             print(f"oocgnn: warning: {plan.name}: {mix['warning']}", file=sys.stderr)
         if not plan.budgeted and plan.resident_bytes() > plan.budget and ranks.rank == 0:
             print(f"oocgnn: note: {plan.name} keeps {format_size(plan.resident_bytes())} resident, more than the "

@@ -62,6 +62,10 @@ def make_plan(store, cfg) -> Plan:
     """The plan of `cfg.policy` over `store`, checked against the memory budget."""
     if cfg.policy not in POLICIES:
         raise UserError(f"unknown policy {cfg.policy!r}; choose from {', '.join(POLICIES)}")
+    task = getattr(store, "task", "node")
+    if task not in POLICIES[cfg.policy].tasks:
+        able = ", ".join(name for name, p in POLICIES.items() if task in p.tasks)
+        raise UserError(f"policy {cfg.policy} does not train on {task} stores yet; policies that do: {able}")
     plan = POLICIES[cfg.policy](store, cfg)
     plan.check_budget()
     return plan

@@ -10,7 +10,7 @@ import numpy as np
 
 from .. import optsteps, units
 from ..errors import UserError
-from ..schedules import Schedule, Step, make_schedule
+from ..schedules import EdgeSchedule, Schedule, Step, make_schedule
 from ..units import format_size
 
 _EMPTY = np.empty(0, dtype=np.int64)
@@ -77,6 +77,7 @@ class Plan:
     lookahead = 0            # > 0: batches are sampled this many at a time before their rows are fetched
     neighbour_cache_default = 0.0   # --neighbour-cache-ratio's default for this policy (a disk topology's lists)
     partition_buffer = False  # steps hold buffer states of partitions and edge buckets (`oocgnn.buffer`)
+    tasks = ("node",)        # the store tasks it trains (a link store's steps are batches of training edges)
 
     def __init__(self, store, cfg):
         self.store, self.cfg = store, cfg
@@ -98,9 +99,19 @@ class Plan:
             if self.budgeted and self.resident_bytes() > self.budget:
                 self.topology = "disk"
 
+    @property
+    def task(self) -> str:
+        """The store's task: 'node' (classification) or 'link' (prediction)."""
+        return getattr(self.store, "task", "node")
+
     @cached_property
     def schedule(self) -> Schedule:
-        return make_schedule("random", self.store, batch_size=self.cfg.batch_size, seed=self.cfg.seed)
+        """Random batches: of training nodes, or on a link store of training edges (`EdgeSchedule`)."""
+        cfg = self.cfg
+        if self.task == "link":
+            return EdgeSchedule(self.store, cfg.batch_size, cfg.seed, cfg.negatives, cfg.negative_chunks,
+                                cfg.negative_degree_fraction)
+        return make_schedule("random", self.store, batch_size=cfg.batch_size, seed=cfg.seed)
 
     @property
     def options(self):

@@ -10,6 +10,7 @@ class InMemoryPlan(Plan):
     """Every feature row resident (the NS baseline of HierBatching and Ginex); no budget applies."""
     listed = 0
     name, source, budgeted = "inmemory", "NS baseline", False
+    tasks = ("node", "link")
     io_pattern = "nothing"
 
     def setup(self):

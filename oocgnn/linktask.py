@@ -1,0 +1,238 @@
+"""Link prediction as a task of the training loop: the model, the loss and the evaluation of a link store.
+
+* The model (`LinkModel`): the run's GNN (`models`) as an encoder whose last layer outputs embeddings of the
+  hidden width (no class head), and a decoder scoring an edge from its two endpoints' embeddings: `dot` (their
+  dot product) or `mlp` (OGB's LinkPredictor, examples/linkproppred/collab/gnn.py: an MLP on their elementwise
+  product; it returns the logit, not the sigmoid, which ranks the same).
+* The loss: MariusGNN's SoftmaxCrossEntropy (src/cpp/src/nn/loss.cpp, its default): each positive's score
+  against the scores of its chunk's shared negatives (`schedules.EdgeSchedule`, `negatives.batch_negatives`),
+  −pos + logsumexp([pos, negs]), averaged over the batch's positives. A degree-drawn negative that is the
+  positive's own destination is masked out (MariusGNN's DEG local filter). A softmax over [pos, negs] trains the
+  ranking that MRR measures.
+* The evaluation (`LinkEvaluation`): each held-out validation and test edge (a seeded subset of at most
+  --max-eval-nodes edges per split) ranked among its own `eval_negatives` corrupted destinations
+  (`negatives.eval_targets_at`, keyed by the edge's position and `EVAL_SEED`: every run of a store ranks
+  against the same ones; OGB's own per-edge negatives where the store has them), OGB's ogbl-citation2 'mrr'
+  evaluator: MRR and Hits@1, 3, 10 (`linkmetrics.RankMetrics`). The endpoints' and negatives' embeddings are
+  computed layer-wise (`evaluation.LayerwiseEval`: each input row read once, within the budget) or by sampled
+  batches (`--eval-mode batch`, the MLP), then scored in chunks of edges.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .device import autocast
+from .errors import UserError
+from .evaluation import LayerwiseEval
+from .linkmetrics import RankMetrics
+from .metrics import LINK_METRICS
+from .models import build_model, hidden_width
+from .negatives import eval_targets_at
+from .rundir import LINK_LOG_COLUMNS
+from .sampler import Sampler
+
+EVAL_SEED = 0                # the evaluation negatives' key: the same for every run of a store
+SCORE_BYTES = 32 << 20       # the gathered negative embeddings one scoring chunk holds
+
+
+class DotDecoder(nn.Module):
+    """score(u, v) = u · v."""
+
+    def forward(self, u, v):
+        return (u * v).sum(-1)
+
+    def pairs(self, u, v):
+        """[b, K] scores of every u [b, D] with every v [K, D]: one matmul."""
+        return u @ v.T
+
+    def many(self, u, v):
+        """[B, K] scores of each u [B, D] with its own v [B, K, D]."""
+        return torch.bmm(v, u[:, :, None]).squeeze(-1)
+
+
+class MLPDecoder(nn.Module):
+    """OGB's LinkPredictor: Linear(D, D), ReLU, Linear(D, 1) on u ⊙ v (the logit)."""
+
+    def __init__(self, dim):
+        super().__init__()
+        self.lins = nn.Sequential(nn.Linear(dim, dim), nn.ReLU(), nn.Linear(dim, 1))
+
+    def forward(self, u, v):
+        return self.lins(u * v).squeeze(-1)
+
+    def pairs(self, u, v):
+        return self(u[:, None, :], v[None])
+
+    def many(self, u, v):
+        return self(u[:, None, :], v)
+
+
+class LinkModel(nn.Module):
+    """An encoder (a `models` GNN whose output is the embedding) and an edge decoder; `forward` and `layer`
+    are the encoder's, so the loop, histories and layer-wise evaluation run it as any model."""
+
+    def __init__(self, encoder, decoder):
+        super().__init__()
+        self.encoder, self.decoder = encoder, decoder
+
+    def forward(self, blocks, x):
+        return self.encoder(blocks, x)
+
+    def layer(self, i, block, h):
+        return self.encoder.layer(i, block, h)
+
+
+def build_link_model(cfg, feat_dim) -> LinkModel:
+    """The encoder (`cfg.model`, embeddings of width `cfg.hidden`) and `cfg.decoder`, initialised in that order."""
+    encoder = build_model(cfg.model, feat_dim, cfg.hidden, cfg.hidden, cfg.layers, cfg.dropout)
+    return LinkModel(encoder, MLPDecoder(cfg.hidden) if cfg.decoder == "mlp" else DotDecoder())
+
+
+def chunk_scores(decoder, src, negatives):
+    """[B, K] scores of each positive's source `src` [B, D] with its chunk's negatives `negatives` [C, K, D]
+    (chunk c: positives c·ceil(B/C) ..)."""
+    size = -(-len(src) // len(negatives))
+    return torch.cat([decoder.pairs(src[c * size:(c + 1) * size], negatives[c]) for c in range(len(negatives))])
+
+
+def softmax_loss(pos, neg, filt):
+    """MariusGNN's SoftmaxCrossEntropy, averaged: −pos + logsumexp([pos, negs]) per positive, the (positive,
+    column) pairs of `filt` masked out."""
+    logits = torch.cat([pos[:, None], neg], 1)
+    if len(filt):
+        logits = logits.index_put((filt[:, 0], filt[:, 1] + 1), torch.tensor(float("-inf"), device=logits.device))
+    return F.cross_entropy(logits, torch.zeros(len(pos), dtype=torch.long, device=logits.device))
+
+
+class LinkTask:
+    """Link prediction (`loop.NodeTask`'s contract): a step's loss over its edges and their chunk-shared
+    negatives; evaluation by MRR and Hits@K on the held-out edges (`LinkEvaluation`)."""
+    metrics, primary = LINK_METRICS, "mrr"
+    columns = LINK_LOG_COLUMNS
+
+    def __init__(self, cfg, store, runtime, ranks):
+        self.cfg, self.store = cfg, store
+
+    def build_model(self):
+        return build_link_model(self.cfg, self.store.feat_dim)
+
+    def evaluator(self, evaluation, plan, runtime, device):
+        return LinkEvaluation(self.cfg, plan, runtime, self.store, device)
+
+    def evaluate(self, evaluator, model) -> dict:
+        return evaluator.evaluate(model)
+
+    def targets(self, step, sample) -> list:
+        """Where the batch's edges' endpoints [B, 2] and its negatives [C, K] sit among its seeds (the model's
+        output rows), and the pairs to mask [F, 2]."""
+        seeds, link = sample.output_nodes, step.link
+        return [torch.from_numpy(np.searchsorted(seeds, link.edges)), torch.from_numpy(np.searchsorted(seeds, link.negatives)),
+                torch.from_numpy(link.filter)]
+
+    def loss(self, model, out, edges, negatives, filt):
+        h = out.float()
+        src = h[edges[:, 0]]
+        return softmax_loss(model.decoder(src, h[edges[:, 1]]), chunk_scores(model.decoder, src, h[negatives]), filt)
+
+
+def held_out(store, split, limit, k, seed) -> tuple:
+    """(edges int64 [M, 2], negatives int64 [M, K]) of a split: at most `limit` edges (a seeded subset, in
+    order; 0: all), each with its negative destinations (OGB's where given, else `eval_targets_at`)."""
+    edges = store.link_edges(split)
+    positions = np.arange(len(edges))
+    if limit and len(edges) > limit:
+        positions = np.sort(np.random.default_rng(seed).choice(len(edges), limit, replace=False))
+    kind = store.meta["link"]["negatives"]
+    if kind == "pairs":
+        raise UserError(f"{store.path}: OGB's shared negative pairs (its Hits@K evaluator) are not evaluated yet; "
+                        "stores with per-edge negatives (ogbl-citation2) or none (a random split) are")
+    negs = np.asarray(store.link_negatives(split)[positions], dtype=np.int64) if kind == "targets" else \
+        eval_targets_at(positions, store.num_nodes, k, EVAL_SEED)
+    return np.asarray(edges[positions], dtype=np.int64), negs
+
+
+class LinkEvaluation:
+    """MRR and Hits@K of a model on a link store's held-out edges (the module docstring); `describe` and
+    `reads_in_run` as `loop.SampledEvaluation`'s."""
+
+    def __init__(self, cfg, plan, runtime, store, device):
+        from .loop import eval_budget
+        self.cfg, self.runtime, self.device = cfg, runtime, device
+        self.sets = {s: held_out(store, s, cfg.max_eval_nodes, cfg.eval_negatives, cfg.seed + 1)
+                     for s in ("val", "test")}
+        self.nodes = np.unique(np.concatenate([a.ravel() for pair in self.sets.values() for a in pair]))
+        fanouts = [int(f) for f in cfg.eval_fanouts.split(",")]
+        self.sampler = Sampler(runtime.eval_topology, fanouts, cfg.seed + 7)
+        self.layerwise = None if cfg.eval_mode == "batch" or cfg.model == "mlp" else LayerwiseEval(
+            self.sampler, fanouts, self.nodes, store.feat_dim, runtime.stream_rows, eval_budget(plan),
+            widths=[store.feat_dim] + [hidden_width(cfg.model, cfg.hidden)] * (len(fanouts) - 1))
+
+    @property
+    def reads_in_run(self) -> bool:
+        return self.layerwise is None and self.runtime.eval_reader is None
+
+    def embeddings(self, model) -> torch.Tensor:
+        """[len(self.nodes), D] float32 on the CPU: the model's output for the evaluated nodes (sorted)."""
+        cfg, device = self.cfg, torch.device(self.device)
+        if self.layerwise is not None:
+            return self.layerwise.logits(model, device, cfg.precision).float()
+        was = model.training
+        model.eval()
+        out = []
+        try:
+            with torch.no_grad():
+                for i, lo in enumerate(range(0, len(self.nodes), cfg.eval_batch_size)):
+                    input_nodes, _, blocks = self.sampler.sample(self.nodes[lo:lo + cfg.eval_batch_size], 0, i)
+                    with autocast(device, cfg.precision):
+                        out.append(model(blocks, self.runtime.eval_rows(input_nodes).to(device)).float().cpu())
+        finally:
+            model.train(was)
+        return torch.cat(out)
+
+    def evaluate(self, model) -> dict:
+        """{split: {mrr, hits@1, hits@3, hits@10}}, the edges scored in chunks against their negatives."""
+        h = self.embeddings(model)
+        device, decoder = torch.device(self.device), model.decoder
+        was = decoder.training
+        decoder.eval()
+        out = {}
+        try:
+            with torch.no_grad():
+                for split, (edges, negs) in self.sets.items():
+                    ranks = RankMetrics(ks=(1, 3, 10))
+                    step = max(1, SCORE_BYTES // max(1, negs.shape[1] * h.shape[1] * 4))
+                    for lo in range(0, len(edges), step):
+                        e = np.searchsorted(self.nodes, edges[lo:lo + step])
+                        n = np.searchsorted(self.nodes, negs[lo:lo + step])
+                        src = h[torch.from_numpy(e[:, 0])].to(device)
+                        pos = decoder(src, h[torch.from_numpy(e[:, 1])].to(device))
+                        neg = decoder.many(src, h[torch.from_numpy(n)].to(device))
+                        ranks.add(pos.float().cpu(), neg.float().cpu())
+                    out[split] = ranks.result()
+        finally:
+            decoder.train(was)
+        return out
+
+    def describe(self) -> dict:
+        lw = self.layerwise
+        return {"eval_mode": "layerwise" if lw is not None else "batch",
+                "eval_memory": lw.memory() if lw is not None else None,
+                "eval_budget": lw.budget if lw is not None else None,
+                "eval_spilled": lw.spilled if lw is not None else None,
+                "eval_negatives": int(next(iter(self.sets.values()))[1].shape[1]),
+                "eval_edges": {s: len(e) for s, (e, _) in self.sets.items()}}
+
+
+def check_settings(cfg, store):
+    """Refuse what a link run cannot be: label-balanced optimizer steps (there are no labels to balance) and a
+    distributed run (not yet)."""
+    if cfg.accumulate != "off":
+        raise UserError(f"--accumulate {cfg.accumulate} balances labels across mini-batches; a link store's batches "
+                        "are edges (use --accumulate off)")
+    if cfg.distributed:
+        raise UserError("distributed training on a link store is not supported yet; train it in one process")
+    if not len(store.link_edges("val")):
+        raise UserError(f"{store.path}: no validation edges; a link run needs held-out edges to evaluate")

@@ -1,0 +1,134 @@
+"""Link-prediction training (`linktask`, `schedules.EdgeSchedule`): a run's loss falls and its log has the
+link metrics, no held-out edge reaches a sampled block, runs are deterministic, what cannot run is refused, and
+in-memory training on cora matches a plain-PyTorch full-graph reference (`tests/linkref.py`)."""
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from oocgnn.cli import main
+from oocgnn.config import TrainConfig
+from oocgnn.datasets import GraphData, csr_from_edges
+from oocgnn.errors import UserError
+from oocgnn.linksplit import hold_out
+from oocgnn.linktask import EVAL_SEED, build_link_model
+from oocgnn.policies import make_plan
+from oocgnn.rundir import LINK_LOG_COLUMNS
+from oocgnn.sampler import Sampler, sampled_steps
+from oocgnn.store import open_store, write_store
+from oocgnn.train import train
+
+from .conftest import shared_dataset
+from .linkref import train_reference
+
+N, COMMUNITIES = 400, 20
+
+
+@pytest.fixture(scope="module")
+def small_link(tmp_path_factory):
+    """Twenty communities (edges mostly inside one), features a noisy one-hot of the community; 80/10/10 split."""
+    rng = np.random.default_rng(0)
+    com = rng.integers(0, COMMUNITIES, N)
+    src = rng.integers(0, N, 6000)
+    same = rng.random(6000) < 0.9
+    members = [np.flatnonzero(com == c) for c in range(COMMUNITIES)]
+    dst = np.where(same, [rng.choice(members[com[s]]) for s in src], rng.integers(0, N, 6000))
+    indptr, indices = csr_from_edges(src, dst, N)
+    feat = (np.eye(COMMUNITIES)[com] + 0.5 * rng.standard_normal((N, COMMUNITIES))).astype(np.float32)
+    empty = np.empty(0, np.int64)
+    g = hold_out(GraphData("com", indptr, indices, feat, com, empty, empty, empty), (0.8, 0.1, 0.1), seed=1)
+    return write_store(g, tmp_path_factory.mktemp("stores") / "com-link", progress=False)
+
+
+def _cfg(store, tmp_path, name="run", **kw):
+    kw = {"epochs": 3, "batch_size": 512, "fanouts": "5,5", "hidden": 32, "negatives": 20, "negative_chunks": 4,
+          "eval_every": 4, "lr": 0.01, **kw}
+    return TrainConfig.create(store=str(store.path), out=str(tmp_path / name), progress=False, **kw)
+
+
+def test_a_link_run_learns_and_logs_mrr_and_hits(small_link, tmp_path):
+    s = train(_cfg(small_link, tmp_path))
+    log = pd.read_csv(tmp_path / "run" / "log.csv")
+    assert list(log.columns[:len(LINK_LOG_COLUMNS)]) == LINK_LOG_COLUMNS
+    loss = log["train_loss"].dropna().to_numpy()
+    assert len(loss) >= 3 and loss[-1] < loss[0], loss
+    assert log["val_mrr"].iloc[-1] > log["val_mrr"].iloc[0] + 0.05, log["val_mrr"].tolist()
+    assert s["target_metric"] == "mrr" and s["best_val_mrr"] == pytest.approx(log["val_mrr"].max())
+    assert s["test_mrr_at_best_val"] == pytest.approx(log["test_mrr"][log["val_mrr"].idxmax()])
+    assert s["eval_negatives"] == 100 and s["eval_edges"] == {"val": len(small_link.link_edges("val")),
+                                                             "test": len(small_link.link_edges("test"))}
+    assert "best_val_acc" not in s and s["mixing"] is None
+
+
+def test_a_link_run_is_deterministic(small_link, tmp_path):
+    a, b = (train(_cfg(small_link, tmp_path, name, epochs=2, decoder="mlp", negative_degree_fraction=0.5))
+            for name in ("a", "b"))
+    la, lb = (pd.read_csv(tmp_path / name / "log.csv") for name in ("a", "b"))
+    assert la["train_loss"].equals(lb["train_loss"]) and la["val_mrr"].equals(lb["val_mrr"])
+    assert a["best_val_mrr"] == b["best_val_mrr"]
+
+
+def test_held_out_edges_never_reach_a_sampled_block(small_link):
+    """Neither the training steps' blocks nor evaluation's see a validation or test edge, in either direction."""
+    cfg = TrainConfig.create(store=str(small_link.path), fanouts="-1,-1", batch_size=256, negatives=30)
+    plan = make_plan(small_link, cfg)
+    held = {(int(a), int(b)) for s in ("val", "test") for a, b in small_link.link_edges(s)}
+    held |= {(b, a) for a, b in held}
+    lists = small_link.neighbour_lists()
+    seen = 0
+    for _, _, _, step, sample in sampled_steps(plan, Sampler(lists, plan.fanouts, 0), epochs=2):
+        assert np.array_equal(sample.output_nodes, step.seeds)
+        assert set(step.link.edges.ravel()) | set(step.link.negatives.ravel()) <= set(step.seeds.tolist())
+        for block in sample.blocks:
+            src, dst = block.edges()
+            pairs = zip(block.src_nodes[src].tolist(), block.src_nodes[dst].tolist())
+            assert not held & set(pairs)
+            seen += block.num_edges
+    assert seen > 0
+    train_pairs = {(int(a), int(b)) for a, b in plan.schedule.edges}
+    assert not held & train_pairs and len(train_pairs) == small_link.num_edges // 2
+
+
+@pytest.mark.parametrize("settings, message", [
+    ({"policy": "hierbatching"}, "policies that do: inmemory"),
+    ({"target_metric": "acc"}, "does not apply to a link store"),
+    ({"accumulate": "on"}, "a link store's batches are edges"),
+])
+def test_what_a_link_run_cannot_do_is_refused(small_link, tmp_path, settings, message):
+    with pytest.raises(UserError, match=message):
+        train(_cfg(small_link, tmp_path, **settings))
+
+
+def test_mrr_is_refused_on_a_node_store(tiny_store, tmp_path):
+    with pytest.raises(UserError, match="mrr does not apply to a node store"):
+        train(TrainConfig.create(store=str(tiny_store.path), target_metric="mrr", out=str(tmp_path / "r"),
+                                 progress=False))
+
+
+@pytest.mark.slow
+def test_in_memory_link_training_on_cora_matches_a_full_graph_reference(tmp_path):
+    """Full neighbourhoods, no dropout, every training edge in one batch with one shared set of negatives, the
+    same initial weights: oocgnn's sampled blocks, model, loop and layer-wise evaluation against the reference's
+    dense full-graph GraphSAGE, within 1 point of MRR (val and test at the best validation)."""
+    out = tmp_path / "cora-link"
+    assert main(["prepare", str(shared_dataset("cora")), "--task", "link", "--edge-split", "0.85,0.05,0.10",
+                 "--out", str(out), "--quiet"]) == 0
+    store = open_store(out)
+    epochs, lr, negatives = 40, 0.01, 100
+    cfg = TrainConfig.create(store=str(out), out=str(tmp_path / "run"), progress=False, epochs=epochs, lr=lr,
+                             batch_size=10 ** 6, negatives=negatives, negative_chunks=1, fanouts="-1,-1",
+                             dropout=0.0, max_eval_nodes=0)
+    s = train(cfg)
+    torch.manual_seed(cfg.seed)                            # the run's initial weights (train seeds so)
+    init = [(c.fc_self.weight, c.fc_self.bias, c.fc_neigh.weight)
+            for c in build_link_model(cfg, store.feat_dim).encoder.layers]
+    ref = train_reference(out, init, epochs, lr, negatives, seed=cfg.seed, eval_seed=EVAL_SEED)
+    val = np.array([r["val"]["mrr"] for r in ref])
+    best = int(val.argmax())
+    log = pd.read_csv(tmp_path / "run" / "log.csv")
+    print(f"cora: oocgnn best val MRR {s['best_val_mrr']:.4f}, test at best val {s['test_mrr_at_best_val']:.4f}; "
+          f"reference {val.max():.4f}, {ref[best]['test']['mrr']:.4f}")
+    assert np.abs(log["val_mrr"].to_numpy() - val).max() < 0.01
+    assert s["best_val_mrr"] == pytest.approx(val.max(), abs=0.01)
+    assert s["test_mrr_at_best_val"] == pytest.approx(ref[best]["test"]["mrr"], abs=0.01)
+    assert s["best_val_mrr"] > 0.3                         # it learned: random ranking among 100 gives about 0.05
