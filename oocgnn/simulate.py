@@ -326,8 +326,8 @@ def simulate(store, plan, fanouts=None, epochs=1, seed=0, feature_cache=None, ne
     df = pd.DataFrame(rows)
     df.attrs.update(schedule=repr(plan.schedule), fanouts=plan.fanouts, seed=plan.seed, setup=setup,
                     seconds=time.perf_counter() - t0)
-    if plan.cfg is not None or hasattr(plan.schedule, "groups"):   # a policy's plan, or a schedule of groups
-        df.attrs["mixing"] = mixing(plan)
+    if plan.task == "node" and (plan.cfg is not None or hasattr(plan.schedule, "groups")):   # a policy's plan, or
+        df.attrs["mixing"] = mixing(plan)                  # a schedule of groups (labels: node classification)
     df.attrs["plan"] = plan.describe()            # the policy's own knobs, as a run's summary has them
     return df
 

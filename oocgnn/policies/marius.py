@@ -9,7 +9,7 @@ import numpy as np
 from ..buckets import physical_offsets
 from ..errors import UserError
 from ..orderings import ORDERINGS, auto_logical, comet_shape, swap_size
-from ..schedules import make_schedule
+from ..schedules import EdgeBufferSchedule, make_schedule
 from ..units import format_size
 from .base import Plan, register, setting
 
@@ -20,9 +20,11 @@ class MariusPlan(Plan):
     default, BETA, sequential); each training node trains in one state, sampling only over the edges
     inside the buffer. Swaps read whole partitions and buckets sequentially, the next state's in the
     background (`oocgnn.buffer`). The topology is on disk: the buckets are all the run reads of it
-    (evaluation reads lists as every policy's does). c defaults to the most partitions the budget holds."""
+    (evaluation reads lists as every policy's does). c defaults to the most partitions the budget holds.
+    On a link store the examples are the training edges, by edge bucket (`schedules.EdgeBufferSchedule`)."""
     listed = 6
     name, source, induces, partition_buffer = "marius", "MariusGNN §3, §5", True, True
+    tasks = ("node", "link")     # link: each edge bucket trains in a state holding both its partitions
     io_pattern = "sequential partitions + edge buckets, in the background"
     grid = ({"ordering": "comet"}, {"ordering": "beta"})
 
@@ -107,9 +109,13 @@ class MariusPlan(Plan):
 
     @cached_property
     def schedule(self):
-        return make_schedule("buffer", self.store, batch_size=self.cfg.batch_size, seed=self.seed,
-                             physical_parts=self.p, buffer_parts=self.c, ordering=self.options.ordering,
-                             logical_parts=self.l)
+        """Training nodes in their states, or on a link store the edge buckets (`schedules.EdgeBufferSchedule`)."""
+        cfg, buffer = self.cfg, {"physical_parts": self.p, "buffer_parts": self.c, "ordering": self.options.ordering,
+                                 "logical_parts": self.l}
+        if self.task == "link":
+            return EdgeBufferSchedule(self.store, cfg.batch_size, seed=self.seed, num_negatives=cfg.negatives,
+                                      chunks=cfg.negative_chunks, degree_fraction=cfg.negative_degree_fraction, **buffer)
+        return make_schedule("buffer", self.store, batch_size=cfg.batch_size, seed=self.seed, **buffer)
 
     def buffers(self) -> int:
         """Feature slots, one partition each: c, and room for one swap when prefetching."""
