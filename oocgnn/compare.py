@@ -24,7 +24,7 @@ import pandas as pd
 from .benchtable import BenchTable
 from .config import TrainConfig
 from .errors import UserError
-from .metrics import check_target, summary_keys
+from .metrics import check_target, node_only, summary_keys
 from .policies import POLICIES, make_plan
 from .store import open_store
 from .tune import GRID
@@ -119,6 +119,7 @@ def compare(cfg: TrainConfig, policies=DEFAULT_POLICIES, out="runs/compare", tar
     from .train import train_fresh  # torch: imported when used, not with this module
     from tqdm.auto import tqdm
     store = open_store(cfg.store, verify=False)
+    node_only(store, "oocgnn compare")
     check_target(cfg.target_metric, store.num_classes)
     feature_bytes = store.num_nodes * store.row_stride
     runnable = []

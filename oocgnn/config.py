@@ -91,7 +91,8 @@ class TrainConfig:
     eval_mode: str = setting("layerwise", "layerwise (each layer once for the evaluated ids' neighbourhood, input rows "
                                           "read once in store order: oocgnn.evaluation; faster in memory too) | batch "
                                           "(sampled mini-batches of --eval-batch-size, rows gathered per batch)")
-    max_eval_nodes: int = setting(20_000, "evaluate on a fixed seeded subset this large per split (0: all)")
+    max_eval_nodes: int = setting(20_000, "evaluate on a fixed seeded subset this large per split (0: all); on a link "
+                                          "store, of the held-out edges")
     target_acc: float = setting(0.0, "report the time to reach this validation accuracy (of --target-metric)")
     target_metric: str = setting("acc", "the validation metric that picks the best evaluation (test at best val), "
                                         "--target-acc and the tuner's choice aim at: acc | f1 (macro-F1) | auc "

@@ -100,6 +100,13 @@ def summary_keys(metric: str) -> tuple:
         (f"best_val_{metric}", f"test_{metric}_at_best_val")
 
 
+def node_only(store, verb: str):
+    """Refuse `verb` on a link store: what compares or tunes by node metrics (link prediction: train only)."""
+    if getattr(store, "task", "node") == "link":
+        raise UserError(f"{store.path} is a link store: {verb} does not handle link prediction yet; train it "
+                        "(oocgnn train --policy inmemory | marius)")
+
+
 def check_target(metric: str, num_classes: int, task: str = "node"):
     """Refuse --target-metric auc on labels that are not binary, a node metric on a link store and MRR on a
     node store."""

@@ -135,6 +135,9 @@ def load_run(path) -> tuple[dict, pd.DataFrame, dict]:
         log = pd.read_csv(path / "log.csv")
     except (ValueError, OSError) as e:
         raise UserError(f"{path / 'log.csv'} is not a readable CSV ({e})") from None
+    if "val_mrr" in log.columns:
+        raise UserError(f"{path} is a link-prediction run (MRR, Hits@K): its log.csv and summary.json are read as "
+                        "they are; reports of node runs do not read them yet")
     if not set(LOG_COLUMNS) <= set(log.columns) or not len(log):
         raise UserError(f"{path / 'log.csv'} lacks the log columns {', '.join(LOG_COLUMNS)} or any row")
     ids = {cfg.get("run_id"), summary.get("run_id"), *log.get("run_id", pd.Series([None])).unique()}

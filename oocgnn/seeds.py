@@ -18,7 +18,9 @@ import pandas as pd
 
 from .config import SETTINGS
 from .errors import UserError
+from .metrics import node_only
 from .rundir import default_run_dir, load_run, resumed_config
+from .store import open_store
 from .train import train
 
 METRICS = ("best_val_acc", "test_at_best_val", "best_val_f1", "test_f1_at_best_val", "best_val_auc",
@@ -76,6 +78,7 @@ def train_seeds(cfg, seeds) -> dict:
     naming such a directory (a killed `--seeds` job), the seeds that finished are kept, the one killed
     resumes from its checkpoint (`--checkpoint-every`) and the others run: the same aggregate as a job
     never interrupted."""
+    node_only(open_store(cfg.store, verify=False), "--seeds")
     if cfg.resume:
         root = Path(cfg.resume)
         if not root.is_dir() or not any((root / f"seed{s}").is_dir() for s in seeds):

@@ -11,6 +11,7 @@ import pandas as pd
 
 from .config import SETTINGS, TrainConfig
 from .errors import UserError
+from .metrics import node_only
 from .mixing import mixing
 from .policies import make_plan
 from .seeds import aggregate_rows
@@ -34,6 +35,7 @@ def run_grid(base: TrainConfig, grid: dict, seeds=(0,), out_root="runs/sweep",
     if bad:
         raise UserError(f"unknown setting(s) {', '.join(sorted(bad))} to sweep; "
                         f"the settings are {', '.join(SETTINGS)}")
+    node_only(open_store(base.store, verify=False), "a sweep")
     combos = [{}]
     for key, values in grid.items():
         combos = [{**c, key: v} for c in combos for v in values]

@@ -25,7 +25,7 @@ import pandas as pd
 
 from .costmodel import calibrate, measure_disk, predict
 from .errors import UserError
-from .metrics import METRICS, NAMES, check_target, summary_keys
+from .metrics import METRICS, NAMES, check_target, node_only, summary_keys
 from .mixing import mixing
 from .plots import save_figure
 from .policies import POLICIES, make_plan
@@ -160,6 +160,7 @@ def tune(cfg, out, top=3, time_limit=0.0, predict_steps=None, policies=None, cac
     if others:                                     # an interrupted tune left only its own: taken again
         raise UserError(f"{out} holds other files ({', '.join(others[:3])}); give --out a new or a tune directory")
     store = open_store(cfg.store)
+    node_only(store, "oocgnn tune")
     check_target(cfg.target_metric, store.num_classes)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()

@@ -13,10 +13,13 @@ from oocgnn.errors import UserError
 from oocgnn.linksplit import hold_out
 from oocgnn.linktask import EVAL_SEED, build_link_model
 from oocgnn.policies import make_plan
-from oocgnn.rundir import LINK_LOG_COLUMNS
+from oocgnn.rundir import LINK_LOG_COLUMNS, load_run
 from oocgnn.sampler import Sampler, sampled_steps
+from oocgnn.seeds import train_seeds
 from oocgnn.store import open_store, write_store
+from oocgnn.sweep import run_grid
 from oocgnn.train import train
+from oocgnn.tune import tune
 
 from .conftest import shared_dataset
 from .linkref import train_reference
@@ -70,6 +73,8 @@ def test_a_link_run_learns_and_logs_mrr_and_hits(small_link, tmp_path):
     assert s["eval_negatives"] == 100 and s["eval_edges"] == {"val": len(small_link.link_edges("val")),
                                                              "test": len(small_link.link_edges("test"))}
     assert "best_val_acc" not in s and s["mixing"] is None
+    with pytest.raises(UserError, match="is a link-prediction run"):
+        load_run(tmp_path / "run")                         # reports read node runs only (yet)
 
 
 def test_a_link_run_is_deterministic(small_link, tmp_path):
@@ -154,6 +159,14 @@ def test_marius_trains_every_edge_bucket_once_an_epoch_in_a_state_holding_it(par
 def test_marius_link_refuses_the_sequential_ordering(parted_link, tmp_path):
     with pytest.raises(UserError, match="sequential ordering never holds most pairs"):
         train(_cfg(parted_link, tmp_path, ordering="sequential", **MARIUS))
+
+
+def test_seeds_sweeps_and_tuning_refuse_a_link_store(small_link, tmp_path):
+    cfg = _cfg(small_link, tmp_path)
+    for run, what in ((lambda: train_seeds(cfg, [0, 1]), "--seeds"), (lambda: run_grid(cfg, {"lr": [0.01]}), "a sweep"),
+                      (lambda: tune(cfg, out=tmp_path / "t"), "oocgnn tune")):
+        with pytest.raises(UserError, match=f"{what} does not handle link prediction"):
+            run()
 
 
 def test_mrr_is_refused_on_a_node_store(tiny_store, tmp_path):
