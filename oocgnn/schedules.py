@@ -491,7 +491,7 @@ class EdgeBufferSchedule(BufferSchedule):
 
 
 SCHEDULES = {"random": RandomSchedule, "partition": PartitionSchedule, "megabatch": MegabatchSchedule,
-             "buffer": BufferSchedule, "edges": EdgeSchedule, "edge-buffer": EdgeBufferSchedule}
+             "buffer": BufferSchedule}     # node schedules by name; a link store's plans make theirs (Edge*)
 
 
 def make_schedule(name, store, **params) -> Schedule:
