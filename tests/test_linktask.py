@@ -177,7 +177,7 @@ def test_mrr_is_refused_on_a_node_store(tiny_store, tmp_path):
 
 @pytest.mark.slow
 def test_in_memory_link_training_on_cora_matches_a_full_graph_reference(tmp_path):
-    """Full neighbourhoods, no dropout, every training edge in one batch with one shared set of negatives, the
+    """Full neighbourhoods, no dropout or weight decay, every training edge in one batch with one shared set of negatives, the
     same initial weights: oocgnn's sampled blocks, model, loop and layer-wise evaluation against the reference's
     dense full-graph GraphSAGE, within 1 point of MRR (val and test at the best validation)."""
     out = tmp_path / "cora-link"
@@ -187,7 +187,7 @@ def test_in_memory_link_training_on_cora_matches_a_full_graph_reference(tmp_path
     epochs, lr, negatives = 40, 0.01, 100
     cfg = TrainConfig.create(store=str(out), out=str(tmp_path / "run"), progress=False, epochs=epochs, lr=lr,
                              batch_size=10 ** 6, negatives=negatives, negative_chunks=1, fanouts="-1,-1",
-                             dropout=0.0, max_eval_nodes=0)
+                             dropout=0.0, weight_decay=0.0, max_eval_nodes=0)
     s = train(cfg)
     torch.manual_seed(cfg.seed)                            # the run's initial weights (train seeds so)
     init = [(c.fc_self.weight, c.fc_self.bias, c.fc_neigh.weight)

@@ -137,9 +137,11 @@ class Plan:
     @cached_property
     def accumulate(self) -> bool:
         """Whether optimizer steps accumulate mini-batches (`--accumulate`; auto: on where the plan's groups
-        hold fewer labelled nodes than a step's target)."""
+        hold fewer labelled nodes than a step's target; on a link store, off: no labels to balance)."""
         if self.cfg is None or self.cfg.accumulate != "auto":   # on/off: no groups or labels to look at
             return self.cfg is not None and self.cfg.accumulate == "on"
+        if self.task == "link":
+            return False
         sched = self.schedule
         sizes = [len(train) for _, train in sched.groups(0)] if hasattr(sched, "groups") else []
         train = np.asarray(self.store.train_idx, dtype=np.int64)
