@@ -118,6 +118,15 @@ class _Table:
             self._file = None
 
 
+def eval_budget(plan) -> int:
+    """Bytes layer-wise evaluation may hold in RAM (the rest spills to a temporary file): what the plan
+    leaves of the budget, since evaluation runs while the plan's residents are held; a baseline the
+    budget does not bound (inmemory, mmap) evaluates within the budget itself."""
+    if not plan.budgeted:
+        return plan.budget
+    return max(0, plan.budget - plan.resident_bytes())
+
+
 class LayerwiseEval:
     """Layer-wise inference of `nodes` over `sampler`'s topology with `fanouts` (its seed keys the
     draws). `rows(sorted ids) -> [n, D] float32 tensor` gives feature rows; `budget` (bytes) bounds

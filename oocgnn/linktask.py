@@ -26,7 +26,7 @@ import torch.nn.functional as F
 
 from .device import autocast
 from .errors import UserError
-from .evaluation import LayerwiseEval
+from .evaluation import LayerwiseEval, eval_budget
 from .linkmetrics import RankMetrics
 from .metrics import LINK_METRICS
 from .models import build_model, hidden_width
@@ -159,7 +159,6 @@ class LinkEvaluation:
     `reads_in_run` as `loop.SampledEvaluation`'s."""
 
     def __init__(self, cfg, plan, runtime, store, device):
-        from .loop import eval_budget
         self.cfg, self.runtime, self.device = cfg, runtime, device
         self.sets = {s: held_out(store, s, cfg.max_eval_nodes, cfg.eval_negatives, cfg.seed + 1)
                      for s in ("val", "test")}

@@ -28,7 +28,7 @@ from tqdm.auto import tqdm
 from . import optsteps
 from .device import LossMeter, autocast, cuda_host_memory
 from .errors import UserError
-from .evaluation import LayerwiseEval
+from .evaluation import LayerwiseEval, eval_budget
 from .io import IOStats
 from .metrics import METRICS, Tally, metrics, summary_keys
 from .models import build_model, hidden_width
@@ -190,15 +190,6 @@ class NodeTask:
 
     def loss(self, model, out, y):
         return F.cross_entropy(out.float(), y)
-
-
-def eval_budget(plan) -> int:
-    """Bytes layer-wise evaluation may hold in RAM (the rest spills to a temporary file): what the plan
-    leaves of the budget, since evaluation runs while the plan's residents are held; a baseline the
-    budget does not bound (inmemory, mmap) evaluates within the budget itself."""
-    if not plan.budgeted:
-        return plan.budget
-    return max(0, plan.budget - plan.resident_bytes())
 
 
 def _next_loads(steps) -> list:
