@@ -140,12 +140,13 @@ def test_the_warning_fires_on_16_parts_in_pairs_and_not_with_the_defaults(fennel
 
 
 def test_the_default_mega_batch_is_the_most_the_budget_holds(fennel16, tmp_path):
-    """N_d = 0 (the default): the largest N_d whose plan fits, evened out over as few mega-batches."""
+    """N_d = 0 (the default): the largest N_d whose plan fits beside its static rows, evened out over as few
+    mega-batches."""
     for budget in ("1MB", "2MB", "3MB"):
         plan = make_plan(fennel16, _cfg(fennel16, tmp_path, policy="hierbatching", memory_budget=budget))
         fits = [k for k in range(1, 17) if HierBatchingPlan(fennel16, _cfg(     # unchecked: it may not fit
             fennel16, tmp_path, policy="hierbatching", memory_budget=budget, parts_per_megabatch=k,
-            topology=plan.topology)).resident_bytes() <= plan.budget]
+            static_ratio=str(plan.static_ratio), topology=plan.topology)).resident_bytes() <= plan.budget]
         most = max(fits)
         assert plan.n_d == -(-16 // -(-16 // most)) and plan.n_d in fits, (budget, fits, plan.n_d)
         assert plan.schedule.parts_per_megabatch == plan.n_d
