@@ -19,6 +19,7 @@ from .errors import UserError
 from .csrbuild import CSRBuilder, sort_memory
 from .io import index_dtype
 from .linksplit import hold_out, is_ogb_link_split, read_ogb_link_split
+from .units import three_fractions
 
 
 @dataclass
@@ -111,14 +112,7 @@ def parse_split(text: str):
     bad = f"bad --split {text!r}: use 'given' or 'random:TRAIN,VAL,TEST' fractions, e.g. random:0.1,0.1,0.8"
     if kind != "random":
         raise UserError(bad)
-    try:
-        fracs = tuple(float(f) for f in rest.split(","))
-    except ValueError:
-        raise UserError(bad) from None
-    if len(fracs) != 3 or not all(np.isfinite(fracs)):
-        raise UserError(bad)
-    if min(fracs) <= 0:
-        raise UserError(f"bad --split {text!r}: every fraction must be > 0")
+    fracs = three_fractions(rest, bad, f"bad --split {text!r}: every fraction must be > 0")
     if sum(fracs) > 1 + 1e-9:
         raise UserError(f"bad --split {text!r}: the fractions sum to {sum(fracs):g}, more than 1")
     return fracs

@@ -34,6 +34,7 @@ import numpy as np
 
 from .errors import UserError
 from .io import index_dtype, release_pages
+from .units import three_fractions
 
 DEFAULT_EDGE_SPLIT = (0.85, 0.05, 0.10)
 HELD_OUT = ("val", "test")
@@ -50,14 +51,8 @@ def parse_edge_split(text):
     if text == "given":
         return None
     bad = f"bad --edge-split {text!r}: use 'given' or TRAIN,VAL,TEST fractions of the edges, e.g. 0.85,0.05,0.1"
-    try:
-        fracs = tuple(float(f) for f in text.split(","))
-    except ValueError:
-        raise UserError(bad) from None
-    if len(fracs) != 3 or not all(np.isfinite(fracs)):
-        raise UserError(bad)
-    if min(fracs) <= 0:
-        raise UserError(f"bad --edge-split {text!r}: every fraction must be > 0 (a run trains, validates and tests)")
+    fracs = three_fractions(text, bad, f"bad --edge-split {text!r}: every fraction must be > 0 (a run trains, "
+                                       "validates and tests)")
     if abs(sum(fracs) - 1) > 1e-6:
         raise UserError(f"bad --edge-split {text!r}: the fractions sum to {sum(fracs):g}, not 1")
     return fracs

@@ -156,13 +156,13 @@ class MegabatchPlan(RankPlan):
     def __init__(self, cfg, data, lists, sampler):
         self.cfg, self.data, self.lists, self.sampler = cfg, data, lists, sampler
         self.passes = float(cfg.get("passes"))
+        offsets = np.asarray(data.part_offsets, dtype=np.int64)
+        self.offsets = offsets[(offsets >= data.lo) & (offsets <= data.hi)]      # its own parts
         self.static_ratio = resolve_static_ratio(cfg.get("static_ratio"), cfg.memory_budget_bytes,
                                                  (data.hi - data.lo) * data.row_bytes)   # auto: the rank's
         if cfg.get("static_ratio") == "auto":       # lowered where no mega-batch fits beside it (`lowered_until`)
             self.static_ratio = lowered_until(lambda r_s: self._fit(r_s) > 0, self.static_ratio)
         self.batch_size = max(1, -(-cfg.batch_size // data.world))      # the global batch, split over ranks
-        offsets = np.asarray(data.part_offsets, dtype=np.int64)
-        self.offsets = offsets[(offsets >= data.lo) & (offsets <= data.hi)]      # its own parts
         self.num_parts = len(self.offsets) - 1
         degree = np.diff(lists.own_indptr)
         k = int(self.static_ratio * (data.hi - data.lo))
@@ -193,8 +193,7 @@ class MegabatchPlan(RankPlan):
     def _fit(self, static_ratio) -> int:
         """The most of its parts (the largest first) that fit the budget beside `static_ratio` of its rows,
         counted twice (held, and copied into each mega-batch's rows)."""
-        offsets = self.data.part_offsets
-        offsets = np.asarray(offsets, dtype=np.int64)[(offsets >= self.data.lo) & (offsets <= self.data.hi)]
+        offsets = self.offsets
         static = int(static_ratio * (offsets[-1] - offsets[0]))
         sizes = np.cumsum(np.sort(np.diff(offsets))[::-1])
         return fitting_parts(len(sizes), lambda n: (int(sizes[n - 1]) + 2 * static) * self.data.row_bytes

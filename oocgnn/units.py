@@ -1,4 +1,5 @@
 """Byte sizes: parse `256MB`, `1.5GiB`, `4096` and format them back; the process's peak RSS and the memory available."""
+import math
 import os
 import re
 import resource
@@ -87,3 +88,16 @@ def reset_peak_rss() -> bool:
     except OSError:
         return False
 
+
+def three_fractions(text: str, bad: str, not_positive: str) -> tuple:
+    """'A,B,C' -> three finite fractions, each > 0 (UserError `bad` for anything else, `not_positive` for a
+    fraction <= 0): the shared part of `--split random:...` and `--edge-split`."""
+    try:
+        fracs = tuple(float(f) for f in text.split(","))
+    except ValueError:
+        raise UserError(bad) from None
+    if len(fracs) != 3 or not all(math.isfinite(f) for f in fracs):
+        raise UserError(bad)
+    if min(fracs) <= 0:
+        raise UserError(not_positive)
+    return fracs
