@@ -91,6 +91,7 @@ def joined(cfg):
     except (RuntimeError, dist.DistError) as e:
         raise UserError(f"rank {rank} of {world}: a collective failed: another rank died or did not answer "
                         f"within --dist-timeout {cfg.dist_timeout:g} s ({first_line(e)[:300]})") from None
+    dist.barrier()                                 # no rank tears its connections down while another still uses them
     dist.destroy_process_group()
 
 
