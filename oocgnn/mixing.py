@@ -62,25 +62,18 @@ def groups(schedule, epoch=0) -> list:
     return [np.asarray(train, dtype=np.int64) for _, train in schedule.groups(epoch)]
 
 
-def group_steps(plan_or_schedule, epoch=0) -> dict:
-    """{group: optimizer steps taken in it} of `epoch`: a plan's (`Step.update`: consecutive mini-batches
-    of a group share one where steps accumulate), a bare schedule's one per mini-batch."""
+def _epochs_steps(plan_or_schedule, epochs):
+    """Per epoch of the first `epochs`, one pass over the step stream: ({group: optimizer steps taken in it},
+    {optimizer step: its mini-batches' seeds}). A plan's step is `Step.update` (consecutive mini-batches of a
+    group share one where steps accumulate, `optsteps`), a bare schedule's one per mini-batch."""
     is_plan = hasattr(plan_or_schedule, "step_target")
-    out = {}
-    for e, b, step in plan_or_schedule.steps(epoch + 1):
-        if e == epoch:
-            out.setdefault(step.group, set()).add(step.update if is_plan else b)
-    return {g: len(v) for g, v in out.items()}
-
-
-def update_groups(plan, epoch=0) -> list:
-    """The training ids each optimizer step of `epoch` trains on, in order: its mini-batches' seeds together
-    (`optsteps`: where steps accumulate mini-batches, a step's label mix is what the model follows)."""
-    out = {}
-    for e, _, step in plan.steps(epoch + 1):
-        if e == epoch:
-            out.setdefault(step.update, []).append(np.asarray(step.seeds, dtype=np.int64))
-    return [np.concatenate(v) for v in out.values()]
+    steps, seeds = [{} for _ in range(epochs)], [{} for _ in range(epochs)]
+    for e, b, step in plan_or_schedule.steps(epochs):
+        update = step.update if is_plan else b
+        steps[e].setdefault(step.group, set()).add(update)
+        seeds[e].setdefault(update, []).append(np.asarray(step.seeds, dtype=np.int64))
+    return ([{g: len(v) for g, v in by.items()} for by in steps],
+            [[np.concatenate(v) for v in by.values()] for by in seeds])
 
 
 def tv_distance(labels, reference) -> float:
@@ -103,9 +96,10 @@ def group_stats(plan_or_schedule, epochs=1):
     c = int(store.num_classes)
     whole = np.bincount(labels[np.asarray(store.train_idx, dtype=np.int64)], minlength=c)
     rows = []
+    group_steps, updates = _epochs_steps(plan_or_schedule, int(epochs))
     for e in range(int(epochs)):
-        steps = {} if per_update else group_steps(plan_or_schedule, e)
-        for g, train in enumerate(update_groups(plan_or_schedule, e) if per_update else groups(schedule, e)):
+        steps = {} if per_update else group_steps[e]
+        for g, train in enumerate(updates[e] if per_update else groups(schedule, e)):
             hist = np.bincount(labels[train], minlength=c)
             rows.append({"epoch": e, "group": g, "train_nodes": len(train),
                          "parts": int(len(np.unique(part_of(schedule, train)))),
