@@ -453,7 +453,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="replace an existing store (only a store: a directory with other files is refused)")
     pr.add_argument("--row-normalize", action="store_true",
                     help="scale each feature row to sum 1 (.npz sources; usual for bag-of-words)")
-    pr.add_argument("--quiet", action="store_true", help="no progress bar")
+    pr.add_argument("--quiet", "--no-progress", dest="quiet", action="store_true",
+                    help="no progress bar (--no-progress: train's word for it)")
     pr.add_argument("--prepare-memory", default="auto",
                     help="bytes the prepare may hold: its per-node arrays (~144 B a node) first, the rest sorts "
                          "the edges in runs on disk merged by source range (the same store, the edge list never "

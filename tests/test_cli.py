@@ -18,6 +18,9 @@ def test_prepare_info_train_report(tmp_path):
     assert r.returncode == 0, r.stderr
     r = oocgnn("prepare", "synthetic", "--preset", "tiny", "--out", store)
     assert r.returncode == 2 and "already exists" in r.stderr
+    for flag, bar in (("--no-progress", False), ("--force", True)):   # train's word for --quiet too
+        r = oocgnn("prepare", "synthetic", "--preset", "tiny", "--out", tmp_path / "again", "--force", flag)
+        assert r.returncode == 0 and ("row/s" in r.stderr) == bar, r.stderr
     r = oocgnn("info", store)
     assert r.returncode == 0 and "nodes" in r.stdout and "5,000" in r.stdout
     r = oocgnn("train", store, "--policy", "inmemory", "--model", "sage", "--epochs", "1",
