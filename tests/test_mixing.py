@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from oocgnn.config import TrainConfig
-from oocgnn.mixing import MAX_DRIFT, MIN_PARTS, check, group_stats, mixing, random_draw_tv
+from oocgnn.mixing import MAX_DRIFT, MIN_PARTS, WARN_EPOCHS, check, group_stats, mixing, random_draw_tv
 from oocgnn.policies import HierBatchingPlan, make_plan
 
 
@@ -15,13 +15,13 @@ def _cfg(store, tmp_path, **kw):
     return TrainConfig.create(store=str(store.path), **kw)
 
 
-def _brute_force(store, plan):
-    """Per group of epoch 0's steps: (training nodes, parts, TV, optimizer steps), by Python loops over the
-    steps' seeds."""
+def _brute_force(store, plan, epochs=1):
+    """Per group of the first epochs' steps: (training nodes, parts, TV, optimizer steps), by Python loops over
+    the steps' seeds."""
     seeds, updates = {}, {}
-    for e, _, step in plan.steps(1):
-        seeds.setdefault(step.group, set()).update(int(s) for s in step.seeds)
-        updates.setdefault(step.group, set()).add(step.update)
+    for e, _, step in plan.steps(epochs):
+        seeds.setdefault((e, step.group), set()).update(int(s) for s in step.seeds)
+        updates.setdefault((e, step.group), set()).add(step.update)
     off, labels = [int(o) for o in store.part_offsets], [int(x) for x in store.labels]
     whole = Counter(labels[i] for i in store.train_idx)
     total = sum(whole.values())
@@ -41,15 +41,16 @@ def _brute_force(store, plan):
     ("marius", {"physical_parts": 8, "buffer_parts": 4}), ("inmemory", {})])
 def test_group_stats_match_a_brute_force_count_of_the_step_stream(by_label, tmp_path, policy, kw):
     plan = make_plan(by_label, _cfg(by_label, tmp_path, policy=policy, **kw))
-    got = group_stats(plan)
-    want = _brute_force(by_label, plan)
+    got = group_stats(plan, 2)
+    want = _brute_force(by_label, plan, 2)
     assert len(got) == len(want)
     assert got["train_nodes"].tolist() == [w[0] for w in want]
     assert got["parts"].tolist() == [w[1] for w in want]
     assert np.allclose(got["tv"], [w[2] for w in want])
     whole = np.bincount(np.asarray(by_label.labels)[by_label.train_idx])
     assert np.allclose(got["tv_random"], [random_draw_tv(w[0], whole) for w in want])
-    m = mixing(plan)
+    m = mixing(plan, 2)
+    assert mixing(plan) == mixing(plan, WARN_EPOCHS)
     w = np.array([x[0] for x in want], float)
     assert m["tv_mean"] == pytest.approx(np.average([x[2] for x in want], weights=w), abs=1e-4)
     assert m["tv_max"] == pytest.approx(max(x[2] for x in want), abs=1e-4)
@@ -59,7 +60,7 @@ def test_group_stats_match_a_brute_force_count_of_the_step_stream(by_label, tmp_
     drift = np.array([x[2] for x in want]) * steps - got["tv_random"].to_numpy() * np.sqrt(steps)
     assert m["drift"] == pytest.approx(np.average(drift, weights=w), abs=1e-4)
     if policy == "inmemory":               # one group: the training set itself
-        assert len(want) == 1 and m["tv_mean"] == 0 and m["warning"] == ""
+        assert len(want) == 2 and m["groups"] == 1 and m["tv_mean"] == 0 and m["warning"] == ""
 
 
 def test_a_random_draws_distance_is_the_mean_over_every_draw():
@@ -136,7 +137,14 @@ def test_the_warning_fires_on_16_parts_in_pairs_and_not_with_the_defaults(fennel
     _train_cli(fennel16, tmp_path, capsys, "--parts-per-megabatch", "2", "--accumulate", "auto")
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["optimizer_steps"]["accumulate"] and summary["mixing"]["unit"] == "optimizer step"
-    assert summary["optimizer_steps"]["target"] == 64 <= summary["mixing"]["train_mean"]
+    assert summary["optimizer_steps"]["target"] == 64
+    plan = make_plan(fennel16, _cfg(fennel16, tmp_path, policy="hierbatching", parts_per_megabatch=2, accumulate="auto",
+                                    max_eval_nodes=50, memory_budget=TrainConfig.create(store=".").memory_budget))
+    assert mixing(plan) == summary["mixing"]
+    steps = group_stats(plan, WARN_EPOCHS)
+    for _, epoch in steps.groupby("epoch"):       # a step sees a batch of labelled nodes, but before a mini-batch
+        n = epoch["train_nodes"].to_numpy()        # of a batch or more (a step of its own) or at the epoch's end
+        assert all(n[i] >= 64 or n[i + 1] >= 64 for i in range(len(n) - 1)) and n.sum() % len(fennel16.train_idx) == 0
 
 
 def test_the_default_mega_batch_is_the_most_the_budget_holds(fennel16, tmp_path):
