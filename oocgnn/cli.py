@@ -374,7 +374,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 _TYPES = {"int": (int, "N"), "float": (float, "X"), "str": (str, "TEXT"),
-          "float | str": (str, "X|auto")}       # a number or a word: the setting's dataclass parses it
+          "float | str": (str, "X|auto"), "int | str": (str, "N|auto")}       # a number or a word: the setting's dataclass parses it
 
 
 def _non_negative(text) -> int:

@@ -219,6 +219,28 @@ def test_shared_settings_set_every_policy_that_has_them(fennel16):
         TrainConfig.create(store=str(fennel16.path), policy="composed", staleness=0)
 
 
+@pytest.mark.parametrize("policy", ["outre", "composed"])
+def test_auto_staleness_is_the_papers_share_of_an_epoch(fennel16, policy):
+    """--staleness auto (the default): OUTRE's 100 iterations are 1/15 of papers100M's epoch; here that share of
+    the plan's own optimizer steps an epoch (counted from its step stream), at least 1 and at most 100; a given
+    number is kept; anything but a whole number >= 1 or auto is refused."""
+    from oocgnn.policies import make_plan
+    from oocgnn.policies.base import PAPER_STEPS_PER_EPOCH, STALENESS
+    for batch in (8, 16, 64):                                 # 500 training nodes: 63, 32 and 8 steps an epoch
+        cfg = TrainConfig.create(store=str(fennel16.path), policy=policy, memory_budget="64MB", batch_size=batch,
+                                 accumulate="off", history_ratio=0.1)
+        plan = make_plan(fennel16, cfg)
+        per_epoch = len({step.update for e, _, step in plan.steps(1)})
+        assert per_epoch == sum(1 for _ in plan.schedule.steps(1))
+        want = max(1, min(STALENESS, round(per_epoch * STALENESS / PAPER_STEPS_PER_EPOCH)))
+        assert cfg.get("staleness") == "auto" and plan.staleness == plan.history.staleness == want
+        assert want == {"outre": {8: 4, 16: 2, 64: 1}, "composed": {8: 8, 16: 4, 64: 1}}[policy][batch]  # (2 passes)
+        assert make_plan(fennel16, cfg.replace(staleness=100)).history.staleness == 100
+    for bad in ("0", "soon", "1.5"):
+        with pytest.raises(UserError, match="staleness"):
+            TrainConfig.create(store=str(fennel16.path), policy=policy, staleness=bad)
+
+
 def test_the_sample_bound_uses_the_batches_real_size(fennel16):
     """500 training nodes: a batch of 1024 is one of 500, and the samples held are bounded for 500 seeds."""
     from oocgnn.policies import make_plan

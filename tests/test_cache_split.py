@@ -13,7 +13,8 @@ from oocgnn.importance import Meetings, choose_history_split, history_reuse, imp
 from oocgnn.ranking import top_ids
 from oocgnn.simulate import simulate, summarize
 
-SMALL = {"policy": "outre", "batch_size": 64, "parts_per_macro": 4}   # ~8 batches an epoch of tiny
+SMALL = {"policy": "outre", "batch_size": 64, "parts_per_macro": 4,   # ~8 batches an epoch of tiny ...
+         "staleness": 100}                                        # ... and the paper's staleness: histories reused
 
 
 def _naive(saved_feat, saved_hist, budget, d_feat, d_embed, table_feat, table_hist, pairs):

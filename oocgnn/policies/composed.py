@@ -9,7 +9,7 @@ import numpy as np
 from ..errors import UserError
 from ..importance import history_nodes
 from ..units import format_size
-from .base import HistorySpec, register, setting, shared
+from .base import HistorySpec, register, resolved_staleness, setting, shared
 from .hierbatching import HierBatchingPlan
 from .outre import OutrePlan
 from .sampleahead import GinexPlan, SampleAheadPlan
@@ -40,7 +40,7 @@ class ComposedPlan(SampleAheadPlan, HierBatchingPlan):
         superbatch: int = shared(GinexPlan.Options, "superbatch")
         history_ratio: float | str = shared(OutrePlan.Options, "history_ratio")
         history_by: str = shared(OutrePlan.Options, "history_by")
-        staleness: int = shared(OutrePlan.Options, "staleness")
+        staleness: int | str = shared(OutrePlan.Options, "staleness")
         induced: bool = setting(False, "sample inside each mega-batch's induced subgraph as HierBatching does "
                                        "(off: sampling covers the graph; rows outside the mega-batch and static "
                                        "set are read through the Belady cache)")
@@ -55,10 +55,10 @@ class ComposedPlan(SampleAheadPlan, HierBatchingPlan):
         super().__init__(store, cfg)          # HierBatching's checks and buffers
         o = self.options
         self.lookahead = o.superbatch or self._default_superbatch()
-        if self.history_ratio > 0:
+        if self.history_ratio > 0:            # (its staleness once the mega-batches, and so the steps, are known)
             from ..models import hidden_width  # torch: imported when used, not with this module
             self.history = HistorySpec(int(self.history_ratio * store.num_nodes), hidden_width(cfg.model, cfg.hidden),
-                                       o.staleness, self._history_nodes)
+                                       None, self._history_nodes)
         if not o.parts_per_megabatch:         # again, with the histories and the samples of a superbatch
             self.n_d = self._most_parts(self.num_groupable)
         self._choose_topology()               # again, with the histories
@@ -68,6 +68,9 @@ class ComposedPlan(SampleAheadPlan, HierBatchingPlan):
         from ..ahead import BeladyFetch  # torch: imported when used, not with this module
         self.fetcher = BeladyFetch(self.cache_rows)
         self._groups = (None, None)           # (epoch, its groups' ranges as (lo, hi) arrays)
+        self.staleness = resolved_staleness(self, o.staleness)
+        if self.history:
+            self.history.staleness = self.staleness
 
     def _default_superbatch(self) -> int:
         """--superbatch 0: Ginex's 16, or the largest halving of it whose samples (two chunks ahead) take at
@@ -141,7 +144,7 @@ class ComposedPlan(SampleAheadPlan, HierBatchingPlan):
                           "static_scope": o.static_scope, "pipeline": self.pipeline, "induced": self.induces,
                           "buffer_rows": self.group_rows(), "static_rows": self.setup_rows()},
             "belady": {"superbatch": self.lookahead, "cache_rows": self.cache_rows},
-            "history": {"ratio": self.history_ratio, "by": o.history_by, "staleness": o.staleness,
+            "history": {"ratio": self.history_ratio, "by": o.history_by, "staleness": self.staleness,
                         "nodes": self.history.count if self.history else 0}}}
 
     @staticmethod

@@ -13,7 +13,8 @@ from ..ranking import top_ids
 from ..schedules import Step, make_schedule
 from ..topology import NeighbourLists, cross_partition_degree, neighbour_cache
 from ..trace import record_trace
-from .base import _EMPTY, HistorySpec, Plan, fraction_or_auto, register, setting
+from .base import (_EMPTY, HistorySpec, Plan, fraction_or_auto, register, resolved_staleness, setting,
+                   staleness_or_auto)
 
 @register
 class OutrePlan(Plan):
@@ -36,7 +37,9 @@ class OutrePlan(Plan):
                                                      "histories and the feature cache that a profiling epoch "
                                                      "predicts saves the most reads (OUTRE Eq. 5)")
         history_by: str = setting("importance", "history nodes by importance (OUTRE's pruned-subtree size) | degree")
-        staleness: int = setting(100, "reuse a history while younger than this many iterations (1: never)")
+        staleness: int | str = setting("auto", "reuse a history while younger than this many optimizer steps (1: "
+                                               "never), or auto: OUTRE's 100 as the share of an epoch it is on "
+                                               "papers100M (1/15), at most 100 (resolved_staleness)")
 
         def __post_init__(self):
             if self.parts_per_macro < 1:
@@ -46,8 +49,7 @@ class OutrePlan(Plan):
             self.history_ratio = fraction_or_auto("history_ratio", self.history_ratio)
             if self.history_by not in ("importance", "degree"):
                 raise UserError(f"history_by must be importance or degree, got {self.history_by!r}")
-            if self.staleness < 1:
-                raise UserError(f"staleness must be >= 1 iteration (1 disables reuse), got {self.staleness}")
+            self.staleness = staleness_or_auto(self.staleness)
 
     def __init__(self, store, cfg):
         super().__init__(store, cfg)
@@ -56,8 +58,9 @@ class OutrePlan(Plan):
             raise UserError(f"outre needs a partitioned store; {store.path} has 1 part "
                             "(prepare it with --partitioner metis|fennel --parts K)")
         self.split_table = None       # auto: Eq. 5's predicted benefit per α (`choose_history_split`)
+        self.staleness = resolved_staleness(self, o.staleness)
         if o.history_ratio != "auto" and o.history_ratio > 0:
-            self.history = HistorySpec(int(o.history_ratio * n), self._history_dim(), o.staleness,
+            self.history = HistorySpec(int(o.history_ratio * n), self._history_dim(), self.staleness,
                                        self._history_nodes)
         isz = np.dtype(store.meta["index_dtype"]).itemsize
         self.neighbour_entries = int(cfg.neighbour_cache_ratio_of(self.name) * self.budget) // isz
@@ -100,7 +103,7 @@ class OutrePlan(Plan):
         if self.cfg.model == "mlp" or len(self.fanouts) < 2 or share <= 4 * n:
             return 0.0
         prof, (held, met) = self.profile, self.held_out
-        reuse = history_reuse(met, o.staleness, self.cfg.epochs)[met.pair_meeting]   # per spared read
+        reuse = history_reuse(met, self.staleness, self.cfg.epochs)[met.pair_meeting]   # per spared read
         owner = met.node[met.pair_meeting]
         dim = self._history_dim()
         alpha, self.split_table = choose_history_split(
@@ -110,7 +113,7 @@ class OutrePlan(Plan):
             hist_score=prof["history_score"].to_numpy(), overlap=(owner, met.pair_row, reuse))
         count = int(self.split_table.loc[self.split_table["alpha"] == alpha, "history_rows"].iloc[0])
         if count > 0:
-            self.history = HistorySpec(count, dim, o.staleness, self._history_nodes)
+            self.history = HistorySpec(count, dim, self.staleness, self._history_nodes)
         return alpha
 
     @cached_property
@@ -213,12 +216,14 @@ class OutrePlan(Plan):
     def describe(self):
         """OUTRE §4.4: the budget's split, auto or from --history-ratio."""
         return {"cache_split": self.split["cache_split"], "cache_split_auto": self.split["auto"],
-                "history_rows": self.split["history_rows"], "cache_rows": self.split["cache_rows"]}
+                "history_rows": self.split["history_rows"], "cache_rows": self.split["cache_rows"],
+                "staleness": self.staleness}
 
     @staticmethod
     def summary_lines(s):
         return [f"cache split: alpha {s['cache_split']:.2f}{' (auto, OUTRE Eq. 5)' if s['cache_split_auto'] else ''}: "
-                f"{s['history_rows']:,} history rows, {s['cache_rows']:,} feature cache rows"]
+                f"{s['history_rows']:,} history rows, {s['cache_rows']:,} feature cache rows"
+                + (f", staleness {s['staleness']}" if "staleness" in s else "")]
 
     def mixing_fix(self, more_parts):
         return "a larger --parts-per-macro or more parts (prepare --parts K)"
