@@ -5,7 +5,7 @@
   dot product) or `mlp` (OGB's LinkPredictor, examples/linkproppred/collab/gnn.py: an MLP on their elementwise
   product; it returns the logit, not the sigmoid, which ranks the same).
 * The loss: MariusGNN's SoftmaxCrossEntropy (src/cpp/src/nn/loss.cpp, its default): each positive's score
-  against the scores of its chunk's shared negatives (`schedules.EdgeSchedule`, `negatives.batch_negatives`),
+  against the scores of its chunk's shared negatives (`edgeschedules.EdgeSchedule`, `negatives.batch_negatives`),
   −pos + logsumexp([pos, negs]), averaged over the batch's positives. A degree-drawn negative that is the
   positive's own destination is masked out (MariusGNN's DEG local filter). A softmax over [pos, negs] trains the
   ranking that MRR measures.

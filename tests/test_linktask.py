@@ -1,4 +1,4 @@
-"""Link-prediction training (`linktask`, `schedules.EdgeSchedule`): a run's loss falls and its log has the
+"""Link-prediction training (`linktask`, `edgeschedules.EdgeSchedule`): a run's loss falls and its log has the
 link metrics, no held-out edge reaches a sampled block, runs are deterministic, what cannot run is refused, and
 in-memory training on cora matches a plain-PyTorch full-graph reference (`tests/linkref.py`)."""
 import numpy as np

@@ -10,7 +10,8 @@ import numpy as np
 
 from .. import optsteps, units
 from ..errors import UserError
-from ..schedules import EdgeSchedule, Schedule, Step, make_schedule
+from ..edgeschedules import EdgeSchedule
+from ..schedules import Schedule, Step, make_schedule
 from ..units import format_size
 
 _EMPTY = np.empty(0, dtype=np.int64)

@@ -9,7 +9,8 @@ import numpy as np
 from ..buckets import physical_offsets
 from ..errors import UserError
 from ..orderings import ORDERINGS, auto_logical, comet_shape, swap_size
-from ..schedules import EdgeBufferSchedule, make_schedule
+from ..edgeschedules import EdgeBufferSchedule
+from ..schedules import make_schedule
 from ..units import format_size
 from .base import Plan, register, setting
 
@@ -21,7 +22,7 @@ class MariusPlan(Plan):
     inside the buffer. Swaps read whole partitions and buckets sequentially, the next state's in the
     background (`oocgnn.buffer`). The topology is on disk: the buckets are all the run reads of it
     (evaluation reads lists as every policy's does). c defaults to the most partitions the budget holds.
-    On a link store the examples are the training edges, by edge bucket (`schedules.EdgeBufferSchedule`)."""
+    On a link store the examples are the training edges, by edge bucket (`edgeschedules.EdgeBufferSchedule`)."""
     listed = 6
     name, source, induces, partition_buffer = "marius", "MariusGNN §3, §5", True, True
     tasks = ("node", "link")     # link: each edge bucket trains in a state holding both its partitions
@@ -109,7 +110,7 @@ class MariusPlan(Plan):
 
     @cached_property
     def schedule(self):
-        """Training nodes in their states, or on a link store the edge buckets (`schedules.EdgeBufferSchedule`)."""
+        """Training nodes in their states, or on a link store the edge buckets (`edgeschedules.EdgeBufferSchedule`)."""
         cfg, buffer = self.cfg, {"physical_parts": self.p, "buffer_parts": self.c, "ordering": self.options.ordering,
                                  "logical_parts": self.l}
         if self.task == "link":
