@@ -5,6 +5,8 @@
   its endpoints and negatives.
 - `edge-buffer`: `schedules.BufferSchedule` for link prediction: each edge bucket (i, j) trains in one state
   holding both.
+- `edge-megabatch`: `schedules.MegabatchSchedule` for link prediction: each training edge trains in one
+  mega-batch an epoch (once a pass), the one holding both endpoints where there is one.
 
 A step (`schedules.Step`) carries its edges and negatives in `link` (`schedules.LinkBatch`); its residency
 changes follow the node schedule it extends.
@@ -18,7 +20,8 @@ import numpy as np
 from .errors import UserError
 from .negatives import batch_negatives
 from .orderings import epoch_states
-from .schedules import BufferSchedule, LinkBatch, Schedule, Step, Visible, _cut, _ids_of_ranges
+from .schedules import (_EMPTY, BufferSchedule, LinkBatch, MegabatchSchedule, Schedule, Step, Visible, _cut,
+                        _ids_of_ranges, _merge)
 
 
 def training_edges(store) -> np.ndarray:
@@ -129,3 +132,113 @@ class EdgeBufferSchedule(BufferSchedule):
                     held = set(state)
                 b += 1
                 yield step
+
+
+class EdgeMegabatchSchedule(MegabatchSchedule):
+    """HierBatching (Alg. 1) for link prediction. The paper trains node classification only
+    (papers/hierbatching.md §2.4: a mega-batch's examples are the training nodes of its N_d parts T, sampled
+    inside T ∪ (N(T) ∩ P), P the static nodes); here its examples are training edges, like MariusGNN's edge
+    buckets inside a buffer state (`EdgeBufferSchedule`), on the same epoch's mega-batches and passes.
+
+    Each training edge (u, v) trains in one mega-batch an epoch, and once in each of its p passes
+    (`MegabatchSchedule.batches`): the mega-batch holding both endpoints' parts where there is one (an edge
+    inside T), or holding one endpoint's part where the other is static (resident in every mega-batch, and
+    visible there: adjacent to T through the edge itself); a static source with a destination in another
+    mega-batch trains in the destination's. HierBatching's mega-batches hold each part once an epoch and never two
+    parts of different mega-batches together, so an edge between two of them whose endpoints are both
+    non-static has no mega-batch holding both: it trains in its source's, with its destination an *outsider*
+    of that mega-batch. A mega-batch's outsiders X are read with it (the first step's `enter_ids`, one coalesced
+    gather after its parts' sequential reads, dropped with it) and are visible there (their lists are resident:
+    the plan keeps the topology in memory on a link store); its visible set is T ∪ (N(T) ∩ P) ∪ X, so its other
+    batches may sample them too. Reading X per mega-batch rather than per batch that samples it keeps the
+    reads near the parts' (with p passes, every batch would read its outsiders anew). A batch's uniform negatives are drawn among the mega-batch's own nodes T (resident and visible;
+    MariusGNN draws them among the nodes in memory), its degree-drawn ones among its destinations
+    (`EdgeSchedule.batch`). Mega-batches without edges are not loaded."""
+    name = "edge-megabatch"
+
+    def __init__(self, store, batch_size=1024, parts_per_megabatch=8, static_ratio=0.01, passes=1.0,
+                 static_scope="adjacent", seed=0, assignment=None, restricted=True, num_negatives=100, chunks=10,
+                 degree_fraction=0.0):
+        if not restricted:
+            raise UserError("link mega-batches sample inside themselves (restricted): outsiders are declared visible")
+        super().__init__(store, batch_size, parts_per_megabatch, static_ratio, passes, static_scope, seed,
+                         assignment)
+        self.edge_batches = EdgeSchedule(store, batch_size, seed, num_negatives, chunks, degree_fraction)
+
+    def params(self):
+        return {**super().params(), **{k: v for k, v in self.edge_batches.params().items()
+                                       if k not in ("batch_size", "seed")}}
+
+    @cached_property
+    def part_of_node(self) -> np.ndarray:
+        """int64 [N]: the part (of those mega-batches group) of each node."""
+        parts = np.repeat(np.arange(self.num_parts, dtype=np.int64), np.diff(self.offsets))
+        if not self.scattered:
+            return parts
+        out = np.empty(len(parts), np.int64)
+        out[self._order] = parts
+        return out
+
+    @cached_property
+    def edge_parts(self) -> np.ndarray:
+        """int64 [M, 2]: the parts of each training edge's source and destination."""
+        return self.part_of_node[self.edge_batches.edges]
+
+    def homes(self, epoch) -> tuple:
+        """(perm, home, outsider): the epoch's part order (`groups`), each training edge's mega-batch and
+        whether its destination is an outsider there (the class docstring's rule)."""
+        perm = self.rng(epoch, 0).permutation(self.num_parts)
+        group_of = np.empty(self.num_parts, np.int64)
+        group_of[perm] = np.arange(self.num_parts) // self.group_size
+        g = group_of[self.edge_parts]                                   # [M, 2]
+        static = self._static_mask[self.edge_batches.edges]            # [M, 2]
+        apart = g[:, 0] != g[:, 1]
+        home = np.where(apart & static[:, 0] & ~static[:, 1], g[:, 1], g[:, 0])
+        return perm, home, apart & ~static.any(axis=1)
+
+    def groups(self, epoch):
+        """[(ranges, positions of its training edges, its outsiders)] of the epoch's mega-batches that hold
+        edges, in order."""
+        perm, home, outsider = self.homes(epoch)
+        order = np.argsort(home, kind="stable")
+        count = -(-self.num_parts // self.group_size)
+        cut = np.searchsorted(home[order], np.arange(count + 1))
+        dst = self.edge_batches.edges[:, 1]
+        out = []
+        for i in range(count):
+            if cut[i + 1] > cut[i]:
+                positions = order[cut[i]:cut[i + 1]]
+                parts = perm[i * self.group_size:(i + 1) * self.group_size]
+                ranges = _merge(r for k in parts for r in self.part_ranges(k))
+                out.append((ranges, positions, np.unique(dst[positions[outsider[positions]]])))
+        return out
+
+    def epoch(self, epoch):
+        rng = self.rng(epoch, 1)
+        prev = self.groups(epoch - 1) if epoch > 0 else []
+        resident, held = (prev[-1][0], prev[-1][2]) if prev else ([], _EMPTY)
+        edges, b = self.edge_batches.edges, 0
+        for g, (ranges, positions, outsiders) in enumerate(self.groups(epoch)):
+            visible = Visible(lambda r, x=outsiders: np.union1d(self.visible(r), x), ranges)
+            nodes = _ids_of_ranges(ranges)
+            for j, batch in enumerate(self.batches(positions, rng)):
+                step = self.edge_batches.batch(edges[batch], epoch, b, nodes)
+                step.group, step.data, step.group_visible, step.scattered = g, self.data, visible, self.scattered
+                if j == 0:              # the outsiders' rows come with the mega-batch: one coalesced gather
+                    step.leave_ranges, step.enter_ranges = resident, ranges
+                    step.leave_ids, step.enter_ids = held, outsiders
+                    resident, held = ranges, outsiders
+                b += 1
+                yield step
+
+    @cached_property
+    def outsiders_by_part(self) -> tuple:
+        """(rows, entries) per part, each sorted descending: the distinct other-part destinations of the edges
+        whose source is in the part, and the sum of their degrees (statics included). A mega-batch's outsiders
+        and their lists are at most its parts' sums: the largest N_d of each bound any grouping's."""
+        ep, dst = self.edge_parts, self.edge_batches.edges[:, 1]
+        cross = ep[:, 0] != ep[:, 1]
+        pairs = np.unique(np.stack([ep[cross, 0], dst[cross]], axis=1), axis=0)
+        rows = np.bincount(pairs[:, 0], minlength=self.num_parts)
+        entries = np.bincount(pairs[:, 0], self.store.degrees()[pairs[:, 1]], self.num_parts).astype(np.int64)
+        return np.sort(rows)[::-1], np.sort(entries)[::-1]

@@ -6,7 +6,8 @@ all of them, or the setup's and the steps' on a disk topology). It interprets th
 setup rows and lists are read before the run; entering ranges are loaded by a loader into one of
 two buffers, in a background thread while training runs on the other when the plan pipelines
 (HierBatching §3.3), and the loader also builds the subgraph that sampling inside them needs;
-scattered ranges (HB−) are one coalesced gather.
+scattered ranges (HB−) are one coalesced gather, and so are a step's scattered entering rows (its `enter_ids`:
+a link mega-batch's outsiders), placed after its ranges' in the same buffer.
 Plans that read through the OS page cache run under `PageCacheCap`; the others bound their own
 resident bytes (`OwnBudget`). The history stage (`oocgnn.history`) decides which input rows a
 batch needs and finishes its forward pass. Plans that sample ahead (Ginex, BatchGNN) get their
@@ -131,6 +132,9 @@ class RangeLoader:
                 for a, b in range_chunks(lo, hi, rt.store.row_stride):
                     rows[pos:pos + b - a] = _tensor(reader.read_range(a, b))
                     pos += b - a
+        if "features" in step.data and len(step.enter_ids):  # scattered rows after them: one coalesced gather
+            pos = base + sum(hi - lo for lo, hi in step.enter_ranges)
+            rows[pos:pos + len(step.enter_ids)] = _tensor(reader.read_rows(step.enter_ids))
         if "adjacency" in step.data:
             rt.topology.read_ranges(step.enter_ranges, entry_base, self.lists_reader)
         seconds, t = time.perf_counter() - t, time.perf_counter()
@@ -249,20 +253,24 @@ class Runtime:
     def before(self, step, next_load):
         """Apply the step's residency change before its batch is sampled; `next_load` (the next step
         that loads ranges, or None) starts loading in the background when the plan pipelines."""
-        if len(step.enter_ids) or len(step.leave_ids):
-            raise UserError("plans declare scattered resident rows in setup(); steps move ranges")
+        if (len(step.enter_ids) or len(step.leave_ids)) and step.data != ("features",):
+            raise UserError("plans declare scattered resident lists in setup(); steps move ranges (and scattered "
+                            "feature rows)")
         if "buckets" in step.data:                    # a partition buffer: it loads what the state lacks
             return self.loader.before(step, next_load)
-        if not step.enter_ranges or not step.data:
+        if not (step.enter_ranges or len(step.enter_ids)) or not step.data:
             return
         if "features" in step.data:
             for lo, hi in step.leave_ranges:
                 self.cached.drop(np.arange(lo, hi))
+            self.cached.drop(step.leave_ids)
         if "adjacency" in step.data:
             self.topology.drop_ranges(step.leave_ranges)  # the setup's lists stay
         base, entry_base = self.loader.load(step, next_load)
         if "features" in step.data:
-            self.cached.point(_ids_of_ranges(step.enter_ranges), base)
+            ranged = _ids_of_ranges(step.enter_ranges)
+            self.cached.point(ranged, base)
+            self.cached.point(step.enter_ids, base + len(ranged))   # scattered rows after the ranges'
             for ids in self._setup_rows:              # setup rows keep their slots
                 self.cached.point(ids, 0)
         if "adjacency" in step.data:

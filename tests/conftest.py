@@ -51,6 +51,24 @@ def fennel16(tmp_path_factory, tiny_data):
 
 
 @pytest.fixture(scope="session")
+def link16(tmp_path_factory, tiny_data):
+    """The tiny graph as a link store (a seeded 80/10/10 edge split), partition-ordered into 16 FENNEL parts of
+    its training topology."""
+    import dataclasses
+    import numpy as np
+    from oocgnn.linksplit import hold_out
+    from oocgnn.partition import order_from_assignment, partition
+    from oocgnn.store import write_store
+    empty = np.empty(0, np.int64)
+    data = hold_out(dataclasses.replace(tiny_data, train_idx=empty, val_idx=empty, test_idx=empty), (0.8, 0.1, 0.1),
+                    seed=1)
+    assignment, _ = partition(data, "fennel", 16, cache_dir=False)
+    order, offsets = order_from_assignment(assignment, 16)
+    return write_store(data, tmp_path_factory.mktemp("stores") / "link16", order=order, part_offsets=offsets,
+                       partitioner="fennel", progress=False)
+
+
+@pytest.fixture(scope="session")
 def by_label(tiny_data, tmp_path_factory):
     """The tiny graph in an order that follows the labels (parts of few classes, like METIS's on a
     homophilous graph), cut into 16 uneven parts."""

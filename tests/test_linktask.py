@@ -107,7 +107,8 @@ def test_held_out_edges_never_reach_a_sampled_block(small_link):
 
 
 @pytest.mark.parametrize("settings, message", [
-    ({"policy": "hierbatching"}, "policies that do: inmemory, marius"),
+    ({"policy": "outre"}, "policies that do: inmemory, hierbatching, marius"),
+    ({"policy": "hierbatching", "topology": "disk"}, "hierbatching on a link store keeps the topology in memory"),
     ({"target_metric": "acc"}, "does not apply to a link store"),
     ({"accumulate": "on"}, "a link store's batches are edges"),
 ])
@@ -159,6 +160,95 @@ def test_marius_trains_every_edge_bucket_once_an_epoch_in_a_state_holding_it(par
 def test_marius_link_refuses_the_sequential_ordering(parted_link, tmp_path):
     with pytest.raises(UserError, match="sequential ordering never holds most pairs"):
         train(_cfg(parted_link, tmp_path, ordering="sequential", **MARIUS))
+
+
+HB = {"policy": "hierbatching", "parts_per_megabatch": 4, "static_ratio": 0.02, "memory_budget": "8MB"}
+
+
+@pytest.mark.parametrize("passes", [1.0, 2.0, 1.5])
+def test_hierbatching_trains_every_edge_once_a_pass_in_a_mega_batch_holding_it(link16, passes):
+    """Each training edge trains in one mega-batch an epoch, once a pass (a fraction of a pass: a share of each
+    mega-batch's edges once more); its source is in the mega-batch's parts or static, its destination too or an
+    outsider the mega-batch reads with its parts; an edge has an outsider only when its endpoints' parts are in
+    different mega-batches and neither is static; every seed is visible and uniform negatives are the parts'."""
+    plan = make_plan(link16, TrainConfig.create(store=str(link16.path), batch_size=256, passes=passes, **HB))
+    sch = plan.schedule
+    edges, static = sch.edge_batches.edges, sch._static_mask
+    for epoch in range(2):
+        groups = sch.groups(epoch)
+        trained, outsiders_used, group_edges = [], 0, {}
+        for step in sch.epoch(epoch):
+            ranges, _, outsiders = groups[step.group]
+            t = np.zeros(link16.num_nodes, bool)
+            for lo, hi in ranges:
+                t[lo:hi] = True
+            if step.enter_ranges:
+                assert step.enter_ranges == ranges and np.array_equal(step.enter_ids, outsiders)
+            src, dst = step.link.edges.T
+            assert (t[src] | static[src]).all()
+            out = ~t[dst] & ~static[dst]
+            assert np.isin(dst[out], outsiders).all() and not static[src[out]].any()   # neither endpoint static
+            outsiders_used += int(out.sum())
+            assert np.isin(step.seeds, step.visible).all()
+            uniform = step.link.negatives[:, int(sch.edge_batches.num_negatives * sch.edge_batches.degree_fraction):]
+            assert t[uniform].all()
+            group_edges.setdefault(step.group, []).append(step.link.edges)
+            trained.append(step.link.edges)
+        trained = np.concatenate(trained)
+        keys = edges[:, 0] * link16.num_nodes + edges[:, 1]
+        count = np.bincount(np.searchsorted(np.sort(keys), trained[:, 0] * link16.num_nodes + trained[:, 1]),
+                            minlength=len(edges))
+        lo, extra = divmod(passes, 1.0)
+        assert count.min() >= int(lo) and count.max() <= int(lo) + (extra > 0)
+        if not extra:
+            assert (count == int(lo)).all()                          # every edge exactly once a pass
+        else:                                                        # each mega-batch: round(frac · its edges) more
+            assert count.sum() == int(lo) * len(edges) + sum(round(extra * len(p)) for _, p, _ in groups)
+        for g, (ranges, positions, _) in enumerate(groups):          # a mega-batch's edges are its own, no other's
+            mine = np.unique(np.concatenate(group_edges[g]), axis=0)
+            assert np.array_equal(mine, np.unique(edges[positions], axis=0))
+        assert outsiders_used > 0 and len(groups) == 4
+
+
+LINK_RUNS = {
+    "hierbatching": {**HB, "passes": 2.0},
+    "hierbatching-sync": {"policy": "hierbatching", "parts_per_megabatch": 3, "static_ratio": 0.0, "passes": 1.5,
+                          "pipeline": False, "memory_budget": "8MB"},
+}
+
+
+@pytest.mark.parametrize("name", LINK_RUNS)
+def test_link_policies_read_what_simulate_counts(link16, tmp_path, name):
+    """HierBatching's mega-batches (parts, then their outsiders) on a link store: executed feature and list reads (pages, requests, setup) equal the simulation's; the runtime holds
+    what the plan declares and a mega-batch's subgraph (outsiders included) stays inside the plan's bound."""
+    from oocgnn.runtime import Runtime
+    from .test_executor import _assert_agree, _simulated
+    cfg = _cfg(link16, tmp_path, epochs=2, batch_size=256, max_eval_nodes=200, **LINK_RUNS[name])
+    run = train(cfg)
+    _assert_agree(run, *_simulated(link16, cfg), exact=True)
+    assert run["io"]["pages"] > 0
+    plan = make_plan(link16, cfg)
+    declared = plan.memory()
+    induced = declared.pop("induced", None)
+    runtime = Runtime(link16, plan)
+    runtime.setup()
+    assert runtime.memory() == declared
+    for _, _, step in plan.steps(1):
+        if step.enter_ranges and induced is not None:
+            runtime.before(step, None)
+            indptr, indices = runtime.sampler._subgraph
+            assert plan.subgraphs() * (indptr.nbytes + indices.nbytes) <= induced
+    runtime.close()
+
+
+@pytest.mark.parametrize("settings", [{"policy": "hierbatching", "parts_per_megabatch": 4, "static_ratio": 0.05}],
+                         ids=lambda s: s["policy"])
+def test_link_policies_learn(parted_link, tmp_path, settings):
+    """Each out-of-core policy that trains on a link store raises the validation MRR over 4 epochs."""
+    s = train(_cfg(parted_link, tmp_path, epochs=4, eval_every=6, threads=1, **settings))
+    mrr = pd.read_csv(tmp_path / "run" / "log.csv")["val_mrr"].dropna().to_numpy()
+    print(f"{settings['policy']}: val MRR {mrr[0]:.3f} -> {mrr[-1]:.3f} (best {s['best_val_mrr']:.3f})")
+    assert len(mrr) >= 3 and mrr[-1] > mrr[0] + 0.05, mrr
 
 
 def test_seeds_sweeps_and_tuning_refuse_a_link_store(small_link, tmp_path):

@@ -6,6 +6,7 @@ from functools import cached_property
 
 import numpy as np
 
+from ..edgeschedules import EdgeMegabatchSchedule
 from ..errors import UserError
 from ..partition import partition
 from ..schedules import make_schedule
@@ -59,9 +60,13 @@ def evened(parts, most) -> int:
 class HierBatchingPlan(Plan):
     """HierBatching (Alg. 1): mega-batches of N_d parts + static cache, p passes, pipelined loads.
     On a disk topology a mega-batch's lists load with its features (sequential reads of its parts'
-    slices of indices.bin) and the static nodes' lists stay with theirs."""
+    slices of indices.bin) and the static nodes' lists stay with theirs.
+    On a link store the examples are the training edges, each in one mega-batch a pass
+    (`edgeschedules.EdgeMegabatchSchedule`); the topology is in memory there (an edge between two mega-batches
+    samples its destination's list in its source's)."""
     listed = 2
     name, source, induces = "hierbatching", "HierBatching Alg. 1", True
+    tasks = ("node", "link")     # link: an edge trains in the mega-batch holding its endpoints (or its source's)
     io_pattern = "sequential part ranges (+ static ids once)"
     grid = tuple({"parts_per_megabatch": n, "passes": p} for n in (4, 8, 16, 32, 64, 128, 256, 512) for p in (1.0, 2.0))
 
@@ -96,6 +101,9 @@ class HierBatchingPlan(Plan):
         super().__init__(store, cfg)
         o = self.options
         self.pipeline = o.pipeline
+        if self.task == "link" and cfg.topology == "disk":
+            raise UserError("hierbatching on a link store keeps the topology in memory (an edge between two "
+                            "mega-batches samples its destination's list in its source's): use --topology memory or auto")
         parts = int(o.regroup.partition(":")[2]) if o.regroup else store.num_parts
         if parts < max(2, o.parts_per_megabatch):
             raise UserError(f"{self.name} needs a partitioned store with at least "
@@ -119,7 +127,7 @@ class HierBatchingPlan(Plan):
     def _fits_any_topology(self, n) -> bool:
         """Whether a mega-batch of `n` parts fits the budget on some topology the run may take."""
         self.n_d = n
-        for topology in (("memory", "disk") if self.cfg.topology == "auto" else (self.topology,)):
+        for topology in self._topologies():
             self.topology = topology
             self.__dict__.pop("schedule", None)
             if self.resident_bytes() <= self.budget:
@@ -137,7 +145,7 @@ class HierBatchingPlan(Plan):
 
         def most():
             best = (0, self.topology)
-            for topology in (("memory", "disk") if self.cfg.topology == "auto" else (self.topology,)):
+            for topology in self._topologies():
                 self.topology = topology
                 self.__dict__.pop("schedule", None)      # built while searching (a disk topology's static lists)
                 best = max(best, (fitting_parts(parts, fits), topology), key=lambda b: b[0])
@@ -151,9 +159,17 @@ class HierBatchingPlan(Plan):
         self.__dict__.pop("schedule", None)
         return self.n_d
 
+    def _topologies(self) -> tuple:
+        """The topologies the run may take: memory and disk for auto (memory only on a link store), else the one
+        given."""
+        if self.cfg.topology != "auto":
+            return (self.topology,)
+        return ("memory",) if self.task == "link" else ("memory", "disk")
+
     def _choose_topology(self):
-        """auto: memory if the plan fits so, else disk (an automatic N_d chose its topology already)."""
-        if not self.options.parts_per_megabatch and self.cfg.topology == "auto":
+        """auto: memory if the plan fits so, else disk (an automatic N_d chose its topology already; a link
+        store's stays in memory, and `check_budget` says what the budget lacks)."""
+        if (not self.options.parts_per_megabatch and self.cfg.topology == "auto") or self.task == "link":
             return
         super()._choose_topology()
 
@@ -163,10 +179,14 @@ class HierBatchingPlan(Plan):
         if o.regroup:              # HB−: computed (and cached) on first use, never by the constructor
             method, _, parts = o.regroup.partition(":")
             assignment = partition(self.store, method, int(parts), seed=self.seed)[0]
-        return make_schedule("megabatch", self.store, batch_size=self.cfg.batch_size, seed=self.seed,
-                             parts_per_megabatch=self.n_d, static_ratio=self.static_ratio,
-                             passes=o.passes, static_scope=o.static_scope, assignment=assignment,
-                             restricted=self.induces)
+        params = dict(batch_size=self.cfg.batch_size, seed=self.seed, parts_per_megabatch=self.n_d,
+                      static_ratio=self.static_ratio, passes=o.passes, static_scope=o.static_scope,
+                      assignment=assignment, restricted=self.induces)
+        if self.task == "link":
+            cfg = self.cfg
+            return EdgeMegabatchSchedule(self.store, num_negatives=cfg.negatives, chunks=cfg.negative_chunks,
+                                         degree_fraction=cfg.negative_degree_fraction, **params)
+        return make_schedule("megabatch", self.store, **params)
 
     @property
     def static_ratio(self) -> float:
@@ -194,11 +214,31 @@ class HierBatchingPlan(Plan):
         return np.diff(sch.offsets), np.bincount(assignment, self.store.degrees(), sch.num_parts).astype(np.int64)
 
     def group_rows(self):
-        """The N_d largest parts: a bound for any permutation of the parts."""
-        return self._largest(self._parts()[0], self.n_d)
+        """The N_d largest parts: a bound for any permutation of the parts; on a link store with the most
+        outsiders such parts may bring (`EdgeMegabatchSchedule.outsiders_by_part`)."""
+        rows = self._largest(self._parts()[0], self.n_d)
+        if self.task == "link":
+            rows = min(self.store.num_nodes, rows + int(self._outsiders[0][:self.n_d].sum()))
+        return rows
 
     def group_entries(self):
         return self._largest(self._parts()[1], self.n_d)
+
+    @cached_property
+    def _outsiders(self):
+        """A link store's per-part outsider counts (`EdgeMegabatchSchedule.outsiders_by_part`), kept across the
+        schedules an automatic N_d or r_s tries."""
+        return self.schedule.outsiders_by_part
+
+    def memory(self) -> dict:
+        """`Plan.memory`; on a link store a mega-batch's induced subgraph also holds its outsiders' lists (rows
+        in `group_rows`; entries at most the N_d largest parts', `EdgeMegabatchSchedule.outsiders_by_part`)."""
+        out = super().memory()
+        if self.task == "link":
+            held = min(self.store.num_edges, self.setup_entries() + self.group_entries())
+            entries = min(self.store.num_edges, held + int(self._outsiders[1][:self.n_d].sum())) - held
+            out["induced"] += self.subgraphs() * entries * 4
+        return out
 
     def rule(self) -> dict:
         """HierBatching App. B: 2(r_s + r_d)(A + B) <= C, with A, B the feature and topology bytes."""
