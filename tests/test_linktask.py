@@ -107,7 +107,7 @@ def test_held_out_edges_never_reach_a_sampled_block(small_link):
 
 
 @pytest.mark.parametrize("settings, message", [
-    ({"policy": "outre"}, "policies that do: inmemory, hierbatching, marius"),
+    ({"policy": "outre"}, "policies that do: inmemory, hierbatching, ginex, macrobatch, marius"),
     ({"policy": "hierbatching", "topology": "disk"}, "hierbatching on a link store keeps the topology in memory"),
     ({"target_metric": "acc"}, "does not apply to a link store"),
     ({"accumulate": "on"}, "a link store's batches are edges"),
@@ -214,12 +214,19 @@ LINK_RUNS = {
     "hierbatching": {**HB, "passes": 2.0},
     "hierbatching-sync": {"policy": "hierbatching", "parts_per_megabatch": 3, "static_ratio": 0.0, "passes": 1.5,
                           "pipeline": False, "memory_budget": "8MB"},
+    "ginex": {"policy": "ginex", "superbatch": 2, "memory_budget": "3500KB"},
+    "ginex-disk": {"policy": "ginex", "superbatch": 2, "memory_budget": "3500KB", "topology": "disk",
+                   "neighbour_cache_ratio": 0.02},
+    "macrobatch": {"policy": "macrobatch", "macrobatch": 2, "memory_budget": "8MB"},
+    "macrobatch-disk": {"policy": "macrobatch", "macrobatch": 2, "memory_budget": "8MB", "topology": "disk",
+                        "static_cache": True},
 }
 
 
 @pytest.mark.parametrize("name", LINK_RUNS)
 def test_link_policies_read_what_simulate_counts(link16, tmp_path, name):
-    """HierBatching's mega-batches (parts, then their outsiders) on a link store: executed feature and list reads (pages, requests, setup) equal the simulation's; the runtime holds
+    """HierBatching's mega-batches (parts, then their outsiders), Ginex's Belady cache and BatchGNN's unions on a
+    link store: executed feature and list reads (pages, requests, setup) equal the simulation's; the runtime holds
     what the plan declares and a mega-batch's subgraph (outsiders included) stays inside the plan's bound."""
     from oocgnn.runtime import Runtime
     from .test_executor import _assert_agree, _simulated
@@ -241,7 +248,9 @@ def test_link_policies_read_what_simulate_counts(link16, tmp_path, name):
     runtime.close()
 
 
-@pytest.mark.parametrize("settings", [{"policy": "hierbatching", "parts_per_megabatch": 4, "static_ratio": 0.05}],
+@pytest.mark.parametrize("settings", [{"policy": "hierbatching", "parts_per_megabatch": 4, "static_ratio": 0.05},
+                                      {"policy": "ginex", "superbatch": 2, "memory_budget": "600KB"},
+                                      {"policy": "macrobatch", "macrobatch": 2, "memory_budget": "1MB"}],
                          ids=lambda s: s["policy"])
 def test_link_policies_learn(parted_link, tmp_path, settings):
     """Each out-of-core policy that trains on a link store raises the validation MRR over 4 epochs."""

@@ -129,6 +129,18 @@ class Plan:
             yield e, b, replace(step, update=counter(e, len(step.seeds)))
 
     @property
+    def batch_seeds(self) -> int:
+        """Seeds of the largest batch: --batch-size, or the training set where it is smaller (its real size); on
+        a link store a batch of B edges' distinct endpoints and its chunks' negatives (`EdgeSchedule.batch`), at
+        most 2·B + chunks·K and every node."""
+        cfg = self.cfg
+        if self.task == "link":
+            edges = max(1, min(int(cfg.batch_size), self.store.num_edges))
+            seeds = 2 * edges + min(int(cfg.negative_chunks), edges) * int(cfg.negatives)
+            return max(1, min(seeds, self.store.num_nodes))
+        return max(1, min(int(cfg.batch_size), len(self.store.train_idx)))
+
+    @property
     def step_target(self) -> int:
         """Labelled nodes an optimizer step sees (`optsteps.step_target`)."""
         if self.cfg is None:                     # a bare schedule (analyses): a step per mini-batch

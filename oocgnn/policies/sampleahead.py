@@ -17,7 +17,10 @@ class SampleAheadPlan(Plan):
     """Random batches sampled `lookahead` at a time, then fetched for the chunk at once
     (`oocgnn.ahead`): the samples of two chunks (the one training, the one sampled ahead; and the next
     one's first sample) and their changesets are resident, counted here at their bound from the
-    fanouts; the scratch that computes a chunk's fetch is working memory, like the sampler's per batch."""
+    fanouts; the scratch that computes a chunk's fetch is working memory, like the sampler's per batch.
+    On a link store the batches are of training edges (`edgeschedules.EdgeSchedule`): a batch's seeds are its
+    edges' endpoints and negatives, their neighbourhoods sampled and fetched as a node batch's (`batch_seeds`
+    bounds them)."""
     lookahead = 1
     default_size = 1              # the chunk size that --superbatch/--macrobatch 0 starts from (`fit_lookahead`)
     fetch_reads_ahead = False     # the chunk's rows are read by the stage's thread, ahead of its steps
@@ -27,11 +30,6 @@ class SampleAheadPlan(Plan):
     def _neighbour_entries(self):
         isz = np.dtype(self.store.meta["index_dtype"]).itemsize
         return int(self.cfg.neighbour_cache_ratio_of(self.name) * self.budget) // isz
-
-    @property
-    def batch_seeds(self) -> int:
-        """Seeds of the largest batch: --batch-size, or the training set where it is smaller (its real size)."""
-        return max(1, min(int(self.cfg.batch_size), len(self.store.train_idx)))
 
     def sample_rows(self) -> int:
         """Input rows one sampled batch holds at most (`ahead.sample_bound`)."""
@@ -110,6 +108,7 @@ class GinexPlan(SampleAheadPlan):
     Belady changesets of each superbatch (§3.4), executed: switch to its init, then per batch gather
     (misses read, coalesced) and apply its changeset."""
     listed = 4
+    tasks = ("node", "link")     # link: batches of training edges, their endpoints' and negatives' samples
     name, source, size_flag = "ginex", "Ginex §3-4", "superbatch"
     io_pattern = "Belady cache misses + superbatch switches, many in flight"
     grid = tuple({"superbatch": s} for s in (2, 4, 16))
@@ -171,6 +170,7 @@ class MacrobatchPlan(SampleAheadPlan):
     this one trains); optionally the budget's remainder holds a static cache of the highest-degree rows
     (PaGraph's), which the fetches skip."""
     listed = 5
+    tasks = ("node", "link")     # link: a macrobatch fetches the union of its edge batches' samples
     name, source, size_flag = "macrobatch", "BatchGNN §4", "macrobatch"
     io_pattern = "one coalesced union read per macrobatch, in the background"
     grid = tuple({"macrobatch": k} for k in (1, 2, 4, 8))
