@@ -19,6 +19,8 @@ work, so an epoch takes `bg[0] + Σ max(fg[i], bg[i+1])`; a plan that does not p
 On a CPU the background's processor time also delays the model's step, by its share of the step's cores.
 `mmap`'s reads are the page faults an LRU over 4 KiB pages of the budget's size would miss
 (`cache.PageLRUCache`), one at a time: the kernel's cache is not exactly LRU, so it is an estimate.
+On a link store the batches are of training edges (their seeds the endpoints and negatives) and the calibration
+runs train the link model (encoder, decoder, loss over the chunks' negatives): the same units, another model.
 """
 from __future__ import annotations
 
@@ -344,7 +346,8 @@ def _calibrate_loads(store, run_cfg, cache) -> tuple:
     if store.num_parts < 4:
         return 0.0, 0.0, pd.DataFrame()
     cfg = run_cfg.replace(policy="hierbatching", parts_per_megabatch=max(2, store.num_parts // 8), passes=1.0,
-                          pipeline=False, memory_budget="1TB", topology="disk")
+                          pipeline=False, memory_budget="1TB",
+                          topology="memory" if store.task == "link" else "disk")   # a link store's: in memory
     summary = train(cfg)
     df = simulate(store, make_plan(store, cfg), epochs=cfg.epochs, progress=False, steps=summary["steps"])
     st = summary["stage_s"]
@@ -359,7 +362,11 @@ def _calibrate_optimizer_step(store, cfg, repeats=20) -> float:
     `repeats`, after two (its state allocated)."""
     import torch  # torch: imported when used, not with this module
     from .models import build_model  # torch: imported when used, not with this module
-    model = build_model(cfg.model, store.feat_dim, cfg.hidden, store.num_classes, cfg.layers, cfg.dropout)
+    if store.task == "link":            # the encoder and its decoder (`linktask`)
+        from .linktask import build_link_model
+        model = build_link_model(cfg, store.feat_dim)
+    else:
+        model = build_model(cfg.model, store.feat_dim, cfg.hidden, store.num_classes, cfg.layers, cfg.dropout)
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     for p in model.parameters():
         p.grad = torch.randn_like(p)

@@ -101,10 +101,19 @@ def summary_keys(metric: str) -> tuple:
 
 
 def node_only(store, verb: str):
-    """Refuse `verb` on a link store: what compares or tunes by node metrics (link prediction: train only)."""
+    """Refuse `verb` on a link store: what compares or repeats runs by node metrics (link prediction: train
+    and tune only)."""
     if getattr(store, "task", "node") == "link":
         raise UserError(f"{store.path} is a link store: {verb} does not handle link prediction yet; train it "
-                        "(oocgnn train --policy inmemory | marius)")
+                        "(oocgnn train) or tune it (oocgnn tune)")
+
+
+def task_target(cfg, task: str):
+    """`cfg` with a link store's target metric: MRR where --target-metric was not given (acc, the default, is a
+    node store's)."""
+    if task == "link" and cfg.target_metric != "mrr" and "target_metric" not in getattr(cfg, "given", ()):
+        return cfg.replace(target_metric="mrr")
+    return cfg
 
 
 def check_target(metric: str, num_classes: int, task: str = "node"):

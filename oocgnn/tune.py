@@ -9,7 +9,8 @@ for a short run each — the fastest knobs of the `top` fastest predicted polici
 model cannot see is accuracy — for `cfg.epochs`, cut so that all of them fit `time_limit`. The choice is the run
 that reached `cfg.target_acc` soonest (or, without a target or when none reached it, the fastest
 epoch among those within a point of the best), in the validation metric `cfg.target_metric` (accuracy,
-macro-F1 or ROC-AUC: `oocgnn.metrics`). The run directory gets `ranking.csv` (every
+macro-F1 or ROC-AUC: `oocgnn.metrics`; on a link store MRR, the candidates the policies that train link stores,
+each asked of its plan as on a node store: the others are listed with why not). The run directory gets `ranking.csv` (every
 candidate: fits or why not, predicted and, for the runs, measured), `chosen.json` (a config for
 `oocgnn train --config`), `tune.json` and `predicted_vs_measured.png`.
 """
@@ -25,7 +26,7 @@ import pandas as pd
 
 from .costmodel import calibrate, measure_disk, predict
 from .errors import UserError
-from .metrics import METRICS, NAMES, check_target, node_only, summary_keys
+from .metrics import LINK_METRICS, METRICS, NAMES, check_target, summary_keys, task_target
 from .mixing import mixing
 from .plots import save_figure
 from .policies import POLICIES, make_plan
@@ -36,7 +37,8 @@ from .units import parse_size
 GRID = {name: [dict(k) for k in plan.grid] for name, plan in POLICIES.items()}
 TUNE_FILES = {"tune.json", "ranking.csv", "chosen.json", "predicted_vs_measured.png", "runs"}   # what it writes
 MEGABATCH_KEEP = 3      # mega-batch policies: only the largest N_d that fit (more parts per mega-batch mix better)
-RESULTS = ["measured_s", "ratio", *(key for m in METRICS for key in summary_keys(m)), "time_to_target_s"]  # measured
+RESULTS = ["measured_s", "ratio", *(key for m in METRICS + LINK_METRICS for key in summary_keys(m)),
+           "time_to_target_s"]    # measured (a run has its task's metrics: NaN for the others)
 
 
 def _label(policy, knobs) -> str:
@@ -63,7 +65,7 @@ def _candidates(store, cfg, policies=None) -> tuple:
                     raise UserError(f"{policy} holds {plan.resident_bytes() / 2**20:.0f} MiB, more than the budget")
                 if policy == "hierbatching" and not plan.rule()["holds"]:
                     raise UserError("HierBatching App. B rule 2(r_s + r_d)(A + B) <= C does not hold")
-                warning = mixing(plan)["warning"]      # the run would warn: it may lose accuracy
+                warning = mixing(plan)["warning"] if plan.task == "node" else ""   # would warn: may lose accuracy
                 if warning:
                     raise UserError(f"mixes poorly ({warning.split(';')[0].split('mix poorly: ', 1)[-1]})")
                 row.update(fits=True, reason="", resident_bytes=int(plan.resident_bytes()))
@@ -135,7 +137,7 @@ def run_candidates(cfg, ranking, which, out, seconds=0.0, log=print) -> pd.DataF
         log(f"training {r.config} for {steps} steps ...")
         s = train_fresh(c)
         values = {"measured_s": s["epoch_s"], "ratio": r.predicted_s / s["epoch_s"], **s}
-        ranking.loc[i, RESULTS] = [np.nan if values[k] is None else values[k] for k in RESULTS]
+        ranking.loc[i, RESULTS] = [np.nan if values.get(k) is None else values[k] for k in RESULTS]
         ranking.loc[i, "run_dir"] = s["run_dir"]
         best = summary_keys(cfg.target_metric)[0]
         log(f"  measured {s['epoch_s']:.2f} s/epoch (predicted {r.predicted_s:.2f}), best val "
@@ -160,8 +162,8 @@ def tune(cfg, out, top=3, time_limit=0.0, predict_steps=None, policies=None, cac
     if others:                                     # an interrupted tune left only its own: taken again
         raise UserError(f"{out} holds other files ({', '.join(others[:3])}); give --out a new or a tune directory")
     store = open_store(cfg.store)
-    node_only(store, "oocgnn tune")
-    check_target(cfg.target_metric, store.num_classes)
+    cfg = task_target(cfg, store.task)             # a link store's: MRR
+    check_target(cfg.target_metric, store.num_classes, store.task)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     rates = measure_disk(store, cache=cache, refresh=remeasure_disk)

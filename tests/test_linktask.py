@@ -260,12 +260,35 @@ def test_link_policies_learn(parted_link, tmp_path, settings):
     assert len(mrr) >= 3 and mrr[-1] > mrr[0] + 0.05, mrr
 
 
-def test_seeds_sweeps_and_tuning_refuse_a_link_store(small_link, tmp_path):
+def test_seeds_and_sweeps_refuse_a_link_store(small_link, tmp_path):
     cfg = _cfg(small_link, tmp_path)
-    for run, what in ((lambda: train_seeds(cfg, [0, 1]), "--seeds"), (lambda: run_grid(cfg, {"lr": [0.01]}), "a sweep"),
-                      (lambda: tune(cfg, out=tmp_path / "t"), "oocgnn tune")):
+    for run, what in ((lambda: train_seeds(cfg, [0, 1]), "--seeds"), (lambda: run_grid(cfg, {"lr": [0.01]}), "a sweep")):
         with pytest.raises(UserError, match=f"{what} does not handle link prediction"):
             run()
+
+
+LINK_POLICIES = ["inmemory", "hierbatching", "ginex", "macrobatch", "marius"]
+
+
+def test_tune_ranks_the_policies_that_train_a_link_store(link16, tmp_path):
+    """On a link store the tuner predicts every candidate of the link-capable policies (the others are listed with
+    why not), trains the fastest predicted policies and chooses by validation MRR; the choice trains."""
+    cfg = TrainConfig.create(store=str(link16.path), memory_budget="8MB", epochs=1, batch_size=256, fanouts="5,5",
+                             negatives=20, negative_chunks=4, max_eval_nodes=64, progress=False, threads=1)
+    result = tune(cfg, out=tmp_path / "t", top=2, predict_steps=6, cache=tmp_path / "cache", progress=False,
+                  log=lambda *a: None, policies=LINK_POLICIES + ["outre"])
+    ranking = result["ranking"]
+    assert set(ranking[ranking.fits].policy) <= set(LINK_POLICIES) and ranking[ranking.fits].policy.nunique() >= 3
+    outre = ranking[ranking.policy == "outre"]
+    assert not outre.fits.any() and outre.reason.str.contains("does not train on link stores").all()
+    fits = ranking[ranking.fits]
+    assert (fits.predicted_s.diff().dropna() >= 0).all() and (fits.predicted_s > 0).all()
+    measured = ranking[ranking.measured_s.notna()]
+    assert len(measured) == 2 and measured.best_val_mrr.notna().all() and measured.best_val_acc.isna().all()
+    assert ranking.chosen.sum() == 1 and result["config"]["target_metric"] == "mrr"
+    s = train(TrainConfig.create(**{**result["config"], "out": str(tmp_path / "chosen"), "max_steps": 2,
+                                    "progress": False}))
+    assert s["target_metric"] == "mrr" and s["policy"] == result["config"]["policy"]
 
 
 def test_mrr_is_refused_on_a_node_store(tiny_store, tmp_path):
