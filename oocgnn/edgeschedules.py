@@ -93,6 +93,22 @@ class EdgeBufferSchedule(BufferSchedule):
         part = np.searchsorted(self.bounds, self.edge_batches.edges, side="right") - 1
         return part[:, 0] * self.p + part[:, 1]
 
+    @cached_property
+    def bucket_edges(self) -> np.ndarray:
+        """int64 [p, p]: training edges per bucket, mirrored ((i, j) and (j, i) both hold bucket (i, j)'s count)."""
+        counts = np.bincount(self.bucket_of_edge, minlength=self.p * self.p).reshape(self.p, self.p)
+        return counts + np.triu(counts, 1).T
+
+    def bucket_states(self, epoch) -> np.ndarray:
+        """int64 [p, p]: the state, numbered among the epoch's loaded states (`groups`), in which each edge bucket
+        trains, mirrored; -1 for a pair without training edges. BETA's is the first state holding the pair
+        (`orderings.first_shared` on its loaded states), COMET's one drawn among them."""
+        out = np.full(self.p * self.p, -1, dtype=np.int64)
+        for g, (_, positions) in enumerate(self.groups(epoch)):
+            out[self.bucket_of_edge[positions]] = g
+        out = out.reshape(self.p, self.p)
+        return np.where(out >= 0, out, out.T)
+
     def groups(self, epoch):
         """[(state, training edges' positions)] of the epoch's states that hold edges, in order."""
         rng = self.rng(epoch, 0)

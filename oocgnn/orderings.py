@@ -167,3 +167,29 @@ def describe(states, sizes=None) -> dict:
         sizes = np.asarray(sizes, dtype=float)
         out.update(cv_examples=float(sizes.std() / sizes.mean()), max_over_mean=float(sizes.max() / sizes.mean()))
     return out
+
+
+def partition_tallies(state_of_bucket: np.ndarray, edges_of_bucket: np.ndarray) -> np.ndarray:
+    """float [S, p]: for each partition k, the share of the training edges with an endpoint in k that have
+    trained by the end of each state (MariusGNN §6's tallies t_i^v, per partition: a node's edges spread over
+    the partitions of its neighbours, so a partition's share is its nodes' under the paper's uniform degrees).
+    `state_of_bucket` int [p, p]: the state each edge bucket trains in (-1: no edges), `edges_of_bucket`
+    [p, p]: its edges; both symmetric, an edge counted once (in (i, j) and (j, i) for i != j)."""
+    state = np.asarray(state_of_bucket)
+    edges = np.asarray(edges_of_bucket, dtype=np.float64)
+    if state.shape != edges.shape or state.ndim != 2 or state.shape[0] != state.shape[1]:
+        raise UserError("state_of_bucket and edges_of_bucket must be two [p, p] arrays")
+    n_states = int(state.max()) + 1 if state.size and state.max() >= 0 else 0
+    per_state = np.stack([np.where(state == i, edges, 0.0).sum(axis=1) for i in range(n_states)]) \
+        if n_states else np.zeros((0, len(state)))
+    total = edges.sum(axis=1)
+    return np.cumsum(per_state, axis=0)[:, total > 0] / total[total > 0]
+
+
+def permutation_bias(state_of_bucket: np.ndarray, edges_of_bucket: np.ndarray) -> float:
+    """MariusGNN §6's Edge Permutation Bias B over partitions: the widest gap, after any state, between the
+    share of one partition's edges trained and another's (`partition_tallies`). 0: every partition advances
+    together (one state, or the same share each state); near 1: some partitions' edges all train before
+    others' begin (BETA's greedy assignment)."""
+    t = partition_tallies(state_of_bucket, edges_of_bucket)
+    return float((t.max(axis=1) - t.min(axis=1)).max()) if t.size else 0.0

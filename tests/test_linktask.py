@@ -157,6 +157,30 @@ def test_marius_trains_every_edge_bucket_once_an_epoch_in_a_state_holding_it(par
         assert len(buckets) == len(np.unique(sch.bucket_of_edge)) and len(states) > 1
 
 
+@pytest.mark.parametrize("ordering", ["comet", "beta"])
+def test_bucket_states_say_where_each_edge_bucket_trains(parted_link, ordering):
+    """`EdgeBufferSchedule.bucket_states`: the loaded state each bucket's edges train in (the steps' own groups),
+    mirrored; BETA's is the first state holding the pair, COMET's any of them; `bucket_edges` counts the edges."""
+    from oocgnn.orderings import first_shared
+    plan = make_plan(parted_link, TrainConfig.create(store=str(parted_link.path), batch_size=64, ordering=ordering,
+                                                     **MARIUS))
+    sch = plan.schedule
+    edges = sch.bucket_edges
+    assert (edges == edges.T).all() and np.triu(edges).sum() == len(sch.edge_batches.edges)
+    for epoch in range(2):
+        states = sch.bucket_states(epoch)
+        assert (states == states.T).all() and ((states >= 0) == (edges > 0)).all()
+        for step in sch.epoch(epoch):
+            i, j = (np.searchsorted(sch.bounds, step.link.edges, side="right") - 1).T
+            assert (states[i, j] == step.group).all() and set(i) | set(j) <= set(step.buffer)
+        held = [s for s, _ in sch.groups(epoch)]
+        first = first_shared(held, sch.p)
+        if ordering == "beta":
+            assert (states[edges > 0] == first[edges > 0]).all()
+        else:
+            assert (states[edges > 0] >= first[edges > 0]).all() and (states != first)[edges > 0].any()
+
+
 def test_marius_link_refuses_the_sequential_ordering(parted_link, tmp_path):
     with pytest.raises(UserError, match="sequential ordering never holds most pairs"):
         train(_cfg(parted_link, tmp_path, ordering="sequential", **MARIUS))

@@ -295,6 +295,36 @@ def test_describe_counts_loads_as_the_closed_forms():
     assert d["bucket_loads"] == 16 + (len(beta) - 1) * 7 and d["cv_examples"] == 0.0
 
 
+def test_permutation_bias_is_the_widest_gap_between_partitions_trained_shares():
+    """MariusGNN §6's B over partitions, by hand: p = 2, buckets (0, 0) 10 edges in state 0, (0, 1) 10 and (1, 1)
+    10 in state 1. After state 0 partition 0 has trained 10 of its 20 edges, partition 1 none of its 20: B = 0.5;
+    one state for every bucket (in-memory training) gives 0; brute force over random assignments agrees."""
+    from oocgnn.orderings import partition_tallies, permutation_bias
+    edges = np.array([[10, 10], [10, 10]])
+    state = np.array([[0, 1], [1, 1]])
+    assert np.allclose(partition_tallies(state, edges), [[0.5, 0.0], [1.0, 1.0]])
+    assert permutation_bias(state, edges) == 0.5
+    assert permutation_bias(np.zeros((2, 2), int), edges) == 0.0
+    rng = np.random.default_rng(0)
+    for _ in range(5):
+        p = 5
+        upper = np.triu(rng.integers(0, 4, (p, p)))
+        counts = upper + np.triu(upper, 1).T
+        st = np.triu(rng.integers(0, 3, (p, p)))
+        st = np.where(counts > 0, st + np.triu(st, 1).T, -1)
+        trained = np.zeros(p)
+        total = counts.sum(axis=1)
+        gaps = []
+        for k in range(3):                      # state by state: each edge of (i, j) counts for i and for j
+            for i, j in itertools.product(range(p), repeat=2):
+                if i <= j and st[i, j] == k:
+                    trained[i] += counts[i, j]
+                    trained[j] += counts[i, j] if i != j else 0
+            share = trained[total > 0] / total[total > 0]
+            gaps.append(share.max() - share.min())
+        assert permutation_bias(st, counts) == pytest.approx(max(gaps))
+
+
 def test_an_unpartitioned_store_says_how_to_partition_it(tiny_store, tmp_path):
     with pytest.raises(UserError, match="needs a partitioned store.*--partitioner"):
         make_plan(tiny_store, _cfg(tiny_store, tmp_path))
