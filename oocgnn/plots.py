@@ -79,6 +79,59 @@ def plot_time_to_accuracy(runs: pd.DataFrame, ax=None, metric="val_acc", title=N
     return ax
 
 
+def link_curves(logs: pd.DataFrame, metric="mrr") -> pd.DataFrame:
+    """Link runs' logs (log.csv rows of `linktask`, a `label` column naming the configuration and a `seed` column)
+    reduced per label and evaluation: the seeds' mean and std (ddof 1, 0 for one seed) of the wall time and of
+    val_/test_`metric`, and the epochs trained (evaluations at epochs' ends: the log's epoch + 1, 0 before the first
+    step). Seeds are compared evaluation by evaluation (the same epochs)."""
+    rows = []
+    for label, g in logs.groupby("label", sort=False):
+        runs = [r.reset_index(drop=True) for _, r in g.groupby("seed", sort=True)]
+        n = min(len(r) for r in runs)
+        for i in range(n):
+            at = pd.DataFrame([r.iloc[i] for r in runs])
+            row = {"label": label, "evaluation": i, "seeds": len(runs),
+                   "epochs": int(at["epoch"].iloc[0]) + (1 if at["step"].iloc[0] > 0 else 0)}
+            for col in ("wall_s", f"val_{metric}", f"test_{metric}"):
+                values = at[col].astype(float)
+                row[f"{col}_mean"] = values.mean()
+                row[f"{col}_std"] = values.std(ddof=1) if len(values) > 1 else 0.0
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def plot_link_curves(logs: pd.DataFrame, metric="mrr", title=""):
+    """Validation and test `metric` (MRR, Hits@K) of link runs against training wall time and against epochs, one
+    line per label (`link_curves`: the seeds' mean at each evaluation, a ± std band)."""
+    import matplotlib.pyplot as plt
+    curves = link_curves(logs, metric)
+    name = NAMES.get(metric, metric)
+    fig, axes = plt.subplots(2, 2, figsize=(12, 7.5), sharey="row")
+    for i, (label, c) in enumerate(curves.groupby("label", sort=False)):
+        colour = plt.cm.tab10(i % 10)
+        seeds = int(c["seeds"].iloc[0])
+        for row, split in enumerate(("val", "test")):
+            m, sd = c[f"{split}_{metric}_mean"], c[f"{split}_{metric}_std"]
+            for col, x in enumerate((c["wall_s_mean"], c["epochs"])):
+                ax = axes[row, col]
+                ax.plot(x, m, marker="o", ms=3, color=colour,
+                        label=label + (f" (mean ± std of {seeds} seeds)" if seeds > 1 else ""))
+                ax.fill_between(x, m - sd, m + sd, color=colour, alpha=0.15)
+    for row, split in enumerate(("validation", "test")):
+        axes[row, 0].set_ylabel(f"{split} {name}")
+        axes[row, 0].set_xlabel("training wall time (s; evaluation excluded)")
+        axes[row, 1].set_xlabel("epochs")
+        for ax in axes[row]:
+            ax.grid(alpha=0.3)
+    axes[0, 0].set_title(f"{name} against time")
+    axes[0, 1].set_title(f"{name} against epochs")
+    axes[0, 0].legend(fontsize=8)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
 def plot_comparison(table: pd.DataFrame, logs: pd.DataFrame, target=None, feature_bytes=None, title="",
                     note="", metric="acc"):
     """`compare.compare`'s answer in three panels: validation `metric` (its --target-metric) against
