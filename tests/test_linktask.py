@@ -158,6 +158,19 @@ def test_marius_trains_every_edge_bucket_once_an_epoch_in_a_state_holding_it(par
 
 
 @pytest.mark.parametrize("ordering", ["comet", "beta"])
+def test_marius_with_every_partition_in_its_buffer_trains_as_inmemory(parted_link, tmp_path, ordering):
+    """c = p: one buffer state holds the whole graph, its negatives are drawn from every node and its sampling sees
+    every edge, so the run is in-memory training's, loss and MRR equal (the out-of-core vs in-memory oracle)."""
+    cfg = _cfg(parted_link, tmp_path, epochs=2)
+    inmemory = train(cfg.replace(out=str(tmp_path / "inmemory")))
+    marius = train(cfg.replace(out=str(tmp_path / ordering), ordering=ordering, **{**MARIUS, "buffer_parts": 8}))
+    assert marius["buffer"]["states_per_epoch"] == 1
+    a, b = (pd.read_csv(tmp_path / name / "log.csv") for name in ("inmemory", ordering))
+    assert a["train_loss"].equals(b["train_loss"]) and a["val_mrr"].equals(b["val_mrr"])
+    assert marius["test_mrr_at_best_val"] == inmemory["test_mrr_at_best_val"]
+
+
+@pytest.mark.parametrize("ordering", ["comet", "beta"])
 def test_bucket_states_say_where_each_edge_bucket_trains(parted_link, ordering):
     """`EdgeBufferSchedule.bucket_states`: the loaded state each bucket's edges train in (the steps' own groups),
     mirrored; BETA's is the first state holding the pair, COMET's any of them; `bucket_edges` counts the edges."""
