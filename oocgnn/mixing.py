@@ -37,7 +37,7 @@ from .units import parse_size
 # moved that drift between seeds (0.32-0.47: a seed of 0.32 lost 8.6 pt), so the warning reads WARN_EPOCHS
 # epochs' groups: 0.37-0.44 over the 7 seeds. Cora in the same pairs lost only 0.6 pt (7 seeds) at 0.35-0.40:
 # the two overlap, and MAX_DRIFT 0.38 warns on 6 of amazon_photo's 7 seeds and 2 of cora's. With label-balanced
-# steps (the default) every default's drift is at most 0.12; a step per mini-batch, at most 0.42 (amazon_photo's
+# steps (the default) every default's drift is at most 0.10; a step per mini-batch, at most 0.42 (amazon_photo's
 # composed).
 MAX_DRIFT = 0.38       # `check`: warn above this `drift` (weighted mean over the first WARN_EPOCHS epochs' groups)
 WARN_EPOCHS = 5        # `mixing`'s default: the epochs whose groups the warning reads
