@@ -68,6 +68,8 @@ SMOKE = {   # toy settings of each benchmark; tmp is a fresh directory
     "distributed": lambda tmp: ["--preset", "tiny", "--parts", 16, "--epochs", 1, "--batch-size", 256,
                                 "--fanouts", "5,5", "--eval-nodes", 200, "--project-ranks", "2,4", "--ks", "1,4",
                                 "--data", tmp],
+    "comet_gap": lambda tmp: ["--preset", "tiny", "--parts", 8, "--buffer", 4, "--seeds", 0, "--epochs", 1,
+                              "--data", tmp, "--out", tmp / "runs"],
     "eval": lambda tmp: ["--preset", "tiny", "--eval-nodes", 300, "--reps", 1, "--budget", "64KB", "--data", tmp],
     "train": lambda tmp: ["--preset", "tiny", "--parts", 16, "--budget", "10MB", "--steps", 4,
                           "--policies", "inmemory,mmap,hierbatching,outre,ginex,macrobatch,marius,marius-beta",
