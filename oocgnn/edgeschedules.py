@@ -66,7 +66,16 @@ class EdgeSchedule(Schedule):
             yield self.batch(edges[lo:lo + self.batch_size], epoch, b)
 
 
-class EdgeBufferSchedule(BufferSchedule):
+class _GroupedEdges:
+    """What a schedule of groups adds for link prediction: its training edges' batches (`edge_batches`, an
+    `EdgeSchedule` of the same batch size and seed) and their negatives' settings among its params."""
+
+    def params(self):
+        return {**super().params(), **{k: v for k, v in self.edge_batches.params().items()
+                                       if k not in ("batch_size", "seed")}}
+
+
+class EdgeBufferSchedule(_GroupedEdges, BufferSchedule):
     """MariusGNN §5 for link prediction: the training edges in edge buckets (i, j), i <= j, of their endpoints'
     physical partitions; each bucket trains in one state holding both i and j (BETA: the first, greedy; COMET:
     one drawn uniformly, MariusGNN §5.1's deferred random assignment), its edges shuffled with the state's others
@@ -83,9 +92,6 @@ class EdgeBufferSchedule(BufferSchedule):
         super().__init__(store, batch_size, physical_parts, buffer_parts, ordering, logical_parts, seed)
         self.edge_batches = EdgeSchedule(store, batch_size, seed, num_negatives, chunks, degree_fraction)
 
-    def params(self):
-        return {**super().params(), **{k: v for k, v in self.edge_batches.params().items()
-                                       if k not in ("batch_size", "seed")}}
 
     @cached_property
     def bucket_of_edge(self) -> np.ndarray:
@@ -150,7 +156,7 @@ class EdgeBufferSchedule(BufferSchedule):
                 yield step
 
 
-class EdgeMegabatchSchedule(MegabatchSchedule):
+class EdgeMegabatchSchedule(_GroupedEdges, MegabatchSchedule):
     """HierBatching (Alg. 1) for link prediction. The paper trains node classification only
     (papers/hierbatching.md §2.4: a mega-batch's examples are the training nodes of its N_d parts T, sampled
     inside T ∪ (N(T) ∩ P), P the static nodes); here its examples are training edges, like MariusGNN's edge
@@ -181,9 +187,6 @@ class EdgeMegabatchSchedule(MegabatchSchedule):
                          assignment)
         self.edge_batches = EdgeSchedule(store, batch_size, seed, num_negatives, chunks, degree_fraction)
 
-    def params(self):
-        return {**super().params(), **{k: v for k, v in self.edge_batches.params().items()
-                                       if k not in ("batch_size", "seed")}}
 
     @cached_property
     def part_of_node(self) -> np.ndarray:
