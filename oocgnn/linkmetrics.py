@@ -13,6 +13,11 @@ the mean of float32 reciprocals, so the two differ in the seventh digit). `Share
 negative scores as negatives stream in, then counts hits as positives stream in; every negative must come
 before the first positive, since the thresholds are final by then. NaN scores are refused: a NaN compares false
 and would rank first.
+
+`snap_ties` conditions scores before ranking: a negative within float32 rounding of its positive (`TIE_RTOL`)
+becomes a tie. One decoder can score the same two embeddings a few ulps apart in different rows of one matrix
+product, and a model whose embeddings collapsed to one vector would otherwise rank every positive first (MRR 1)
+or last by rounding alone, where OGB's definition ranks a tie in the middle.
 """
 from __future__ import annotations
 
@@ -26,6 +31,18 @@ def _scores(x) -> torch.Tensor:
     if x.is_floating_point() and torch.isnan(x).any():
         raise ValueError("scores hold NaN")
     return x
+
+
+TIE_RTOL = 1e-6        # about 8 float32 ulps: closer scores are one score computed twice
+
+
+def snap_ties(pos, neg, rtol=TIE_RTOL):
+    """(`neg` [B, K] with every score within `rtol` of its positive's (relative to the larger magnitude) set
+    equal to it, the share of the B positives tied with all K of their negatives): the module docstring."""
+    pos, neg = _scores(pos).reshape(-1, 1), _scores(neg)
+    close = (neg - pos).abs() <= rtol * torch.maximum(neg.abs(), pos.abs())
+    tied = float(close.all(1).float().mean()) if len(pos) else 0.0
+    return torch.where(close, pos.expand_as(neg), neg), tied
 
 
 def _ks(ks) -> tuple:

@@ -15,9 +15,13 @@
   against the same ones; OGB's own per-edge negatives where the store has them), OGB's ogbl-citation2 'mrr'
   evaluator: MRR and Hits@1, 3, 10 (`linkmetrics.RankMetrics`). The endpoints' and negatives' embeddings are
   computed layer-wise (`evaluation.LayerwiseEval`: each input row read once, within the budget) or by sampled
-  batches (`--eval-mode batch`, the MLP), then scored in chunks of edges.
+  batches (`--eval-mode batch`, the MLP), then scored in chunks of edges, each destination as one more candidate
+  beside its negatives (the same arithmetic), near-ties made ties (`linkmetrics.snap_ties`); when most validation
+  edges tie with all their negatives (a collapsed model) the run is warned.
 """
 from __future__ import annotations
+
+import sys
 
 import numpy as np
 import torch
@@ -27,7 +31,7 @@ import torch.nn.functional as F
 from .device import autocast
 from .errors import UserError
 from .evaluation import LayerwiseEval, eval_budget
-from .linkmetrics import RankMetrics
+from .linkmetrics import RankMetrics, snap_ties
 from .metrics import LINK_METRICS
 from .models import build_model, hidden_width
 from .negatives import eval_targets_at
@@ -35,7 +39,8 @@ from .rundir import LINK_LOG_COLUMNS
 from .sampler import Sampler
 
 EVAL_SEED = 0                # the evaluation negatives' key: the same for every run of a store
-SCORE_BYTES = 32 << 20       # the gathered negative embeddings one scoring chunk holds
+SCORE_BYTES = 32 << 20       # the gathered candidate embeddings one scoring chunk holds
+COLLAPSED = 0.5              # warn when this share of validation edges ties with all its negatives
 
 
 class DotDecoder(nn.Module):
@@ -160,6 +165,7 @@ class LinkEvaluation:
 
     def __init__(self, cfg, plan, runtime, store, device):
         self.cfg, self.runtime, self.device = cfg, runtime, device
+        self.tied, self.warned = {}, False       # per split: the share of edges tied with all their negatives
         self.sets = {s: held_out(store, s, cfg.max_eval_nodes, cfg.eval_negatives, cfg.seed + 1)
                      for s in ("val", "test")}
         self.nodes = np.unique(np.concatenate([a.ravel() for pair in self.sets.values() for a in pair]))
@@ -201,19 +207,33 @@ class LinkEvaluation:
         try:
             with torch.no_grad():
                 for split, (edges, negs) in self.sets.items():
-                    ranks = RankMetrics(ks=(1, 3, 10))
-                    step = max(1, SCORE_BYTES // max(1, negs.shape[1] * h.shape[1] * 4))
+                    ranks, tied = RankMetrics(ks=(1, 3, 10)), 0.0
+                    step = max(1, SCORE_BYTES // max(1, (negs.shape[1] + 1) * h.shape[1] * 4))
                     for lo in range(0, len(edges), step):
                         e = np.searchsorted(self.nodes, edges[lo:lo + step])
                         n = np.searchsorted(self.nodes, negs[lo:lo + step])
                         src = h[torch.from_numpy(e[:, 0])].to(device)
-                        pos = decoder(src, h[torch.from_numpy(e[:, 1])].to(device))
-                        neg = decoder.many(src, h[torch.from_numpy(n)].to(device))
-                        ranks.add(pos.float().cpu(), neg.float().cpu())
+                        # the destination scored as one more candidate: the same arithmetic as its negatives'
+                        scores = decoder.many(src, h[torch.from_numpy(np.hstack([e[:, 1:], n]))].to(device)).float().cpu()
+                        neg, all_tied = snap_ties(scores[:, 0], scores[:, 1:])
+                        ranks.add(scores[:, 0], neg)
+                        tied += all_tied * len(e)
                     out[split] = ranks.result()
+                    self.tied[split] = tied / len(edges)
         finally:
             decoder.train(was)
+        self.warn_collapse()
         return out
+
+    def warn_collapse(self):
+        """Say once when most validation edges score equal to all their negatives: the model's embeddings have
+        collapsed to one vector (the loss then sits at ln(1 + negatives)), and its MRR is that of ties."""
+        share = self.tied.get("val", 0.0)
+        if share >= COLLAPSED and not self.warned:
+            self.warned = True
+            print(f"oocgnn: warning: the model's scores have collapsed: {share:.0%} of the validation edges score "
+                  f"the same as all their negatives (its embeddings are alike). Lower --lr (now {self.cfg.lr}); "
+                  "bag-of-words features want prepare --row-normalize", file=sys.stderr)
 
     def describe(self) -> dict:
         lw = self.layerwise

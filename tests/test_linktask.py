@@ -10,6 +10,7 @@ from oocgnn.cli import main
 from oocgnn.config import TrainConfig
 from oocgnn.datasets import GraphData, csr_from_edges
 from oocgnn.errors import UserError
+from oocgnn.linkmetrics import snap_ties
 from oocgnn.linksplit import hold_out
 from oocgnn.linktask import EVAL_SEED, build_link_model
 from oocgnn.policies import make_plan
@@ -75,6 +76,41 @@ def test_a_link_run_learns_and_logs_mrr_and_hits(small_link, tmp_path):
     assert "best_val_acc" not in s and s["mixing"] is None
     with pytest.raises(UserError, match="is a link-prediction run"):
         load_run(tmp_path / "run")                         # reports read node runs only (yet)
+
+
+@pytest.mark.parametrize("decoder", ["dot", "mlp"])
+def test_a_collapsed_model_ranks_each_positive_among_its_ties_and_is_warned(small_link, tmp_path, monkeypatch,
+                                                                           capsys, decoder):
+    """Every embedding the same vector (the encoder's weights zero and frozen, its last bias not): OGB's rank of a
+    positive tied with K negatives is 1 + K/2, not 1 or K + 1 by rounding; and the run says the scores collapsed."""
+    import oocgnn.linktask as linktask
+    real = linktask.build_link_model
+
+    def collapsed(cfg, feat_dim):
+        model = real(cfg, feat_dim)
+        with torch.no_grad():
+            for name, p in model.encoder.named_parameters():
+                if name.endswith("1.fc_self.bias"):    # trains on, but every node's embedding stays this vector
+                    p.copy_(torch.linspace(0.3, 2.0, p.numel()))
+                else:
+                    p.zero_().requires_grad_(False)
+        return model
+
+    monkeypatch.setattr(linktask, "build_link_model", collapsed)
+    s = train(_cfg(small_link, tmp_path, decoder=decoder, epochs=1))
+    assert s["best_val_mrr"] == pytest.approx(1 / (1 + 100 / 2))
+    assert s["test_mrr_at_best_val"] == pytest.approx(1 / (1 + 100 / 2))
+    err = capsys.readouterr().err
+    assert err.count("scores have collapsed: 100% of the validation edges") == 1, err
+
+
+def test_tie_snapping_keeps_distinct_scores_and_ties_rounding_noise():
+    pos = torch.tensor([1.0, -2.0, 0.0])
+    neg = torch.tensor([[1.0 + 3e-7, 1.1, 0.9], [-2.0 - 1e-6, -2.0 + 4e-6, -2.5], [0.0, 0.0, 0.0]])
+    snapped, tied = snap_ties(pos, neg)
+    assert snapped.tolist() == [[1.0, pytest.approx(1.1), pytest.approx(0.9)], [-2.0, pytest.approx(-2.0 + 4e-6), -2.5],
+                                [0.0, 0.0, 0.0]]
+    assert tied == pytest.approx(1 / 3)
 
 
 def test_a_link_run_is_deterministic(small_link, tmp_path):
