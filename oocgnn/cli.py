@@ -233,6 +233,11 @@ def _cmd_train(args):
         from .config import parse_seeds
         from .seeds import format_mean_std, train_seeds
         agg = train_seeds(cfg, parse_seeds(cfg.seeds))
+        if agg["best_val_mrr"]["n"]:               # a link store's runs
+            print(f"{agg['run_dir']}: seeds {','.join(map(str, agg['seeds']))}: best val MRR "
+                  f"{format_mean_std(agg['best_val_mrr'], 1, 4)}, test MRR at best val "
+                  f"{format_mean_std(agg['test_mrr_at_best_val'], 1, 4)}, train {format_mean_std(agg['train_s'], 1, 2)} s")
+            return
         print(f"{agg['run_dir']}: seeds {','.join(map(str, agg['seeds']))}: best val "
               f"{format_mean_std(agg['best_val_acc'])}, test at best val {format_mean_std(agg['test_at_best_val'])}, "
               f"train {format_mean_std(agg['train_s'], 1, 2)} s")

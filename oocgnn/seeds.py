@@ -2,8 +2,8 @@
 
 `train_seeds(cfg, seeds)` trains `cfg` once per seed into `<run dir>/seed<S>` and writes
 `aggregate.json` (per summary metric: mean, std, n and the values) and `aggregate_log.csv` (per
-evaluation index: the seeds' mean and std of wall time, accuracies, macro-F1 and ROC-AUC) to the run
-directory.
+evaluation index: the seeds' mean and std of wall time, accuracies, macro-F1 and ROC-AUC; on a link store MRR
+and Hits@10) to the run directory.
 `aggregate_rows` is the same statistic over any table of runs (the sweep table's seeds axis).
 The standard deviation is the sample one (ddof = 1; 0 for a single seed).
 """
@@ -18,15 +18,15 @@ import pandas as pd
 
 from .config import SETTINGS
 from .errors import UserError
-from .metrics import node_only
 from .rundir import default_run_dir, load_run, resumed_config
-from .store import open_store
 from .train import train
 
 METRICS = ("best_val_acc", "test_at_best_val", "best_val_f1", "test_f1_at_best_val", "best_val_auc",
            "test_auc_at_best_val", "final_val_acc", "final_test_acc", "train_s", "epoch_s", "time_to_target_s",
-           "peak_rss")
-CURVE = ("wall_s", "val_acc", "test_acc", "val_f1", "test_f1", "val_auc", "test_auc", "train_loss")
+           "peak_rss", "best_val_mrr", "test_mrr_at_best_val", "best_val_hits@10", "test_hits@10_at_best_val",
+           "final_val_mrr", "final_test_mrr")            # the last six: a link store's (`linktask`)
+CURVE = ("wall_s", "val_acc", "test_acc", "val_f1", "test_f1", "val_auc", "test_auc", "val_mrr", "test_mrr",
+         "val_hits@10", "test_hits@10", "train_loss")
 
 
 def mean_std(values) -> dict:
@@ -78,7 +78,6 @@ def train_seeds(cfg, seeds) -> dict:
     naming such a directory (a killed `--seeds` job), the seeds that finished are kept, the one killed
     resumes from its checkpoint (`--checkpoint-every`) and the others run: the same aggregate as a job
     never interrupted."""
-    node_only(open_store(cfg.store, verify=False), "--seeds")
     if cfg.resume:
         root = Path(cfg.resume)
         if not root.is_dir() or not any((root / f"seed{s}").is_dir() for s in seeds):

@@ -1,6 +1,8 @@
 """Link-prediction training (`linktask`, `edgeschedules.EdgeSchedule`): a run's loss falls and its log has the
 link metrics, no held-out edge reaches a sampled block, runs are deterministic, what cannot run is refused, and
 in-memory training on cora matches a plain-PyTorch full-graph reference (`tests/linkref.py`)."""
+import json
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -333,11 +335,26 @@ def test_link_policies_learn(parted_link, tmp_path, settings):
     assert len(mrr) >= 3 and mrr[-1] > mrr[0] + 0.05, mrr
 
 
-def test_seeds_and_sweeps_refuse_a_link_store(small_link, tmp_path):
-    cfg = _cfg(small_link, tmp_path)
-    for run, what in ((lambda: train_seeds(cfg, [0, 1]), "--seeds"), (lambda: run_grid(cfg, {"lr": [0.01]}), "a sweep")):
-        with pytest.raises(UserError, match=f"{what} does not handle link prediction"):
-            run()
+def test_seeds_aggregate_a_link_store_s_mrr(small_link, tmp_path, capsys):
+    cfg = _cfg(small_link, tmp_path, "seeds", epochs=2)
+    agg = train_seeds(cfg, [0, 1])
+    mrr = [json.loads((tmp_path / "seeds" / f"seed{s}" / "summary.json").read_text())["test_mrr_at_best_val"]
+           for s in (0, 1)]
+    assert mrr[0] != mrr[1]
+    assert agg["test_mrr_at_best_val"]["values"] == mrr
+    assert agg["test_mrr_at_best_val"]["mean"] == pytest.approx(np.mean(mrr))
+    assert agg["best_val_acc"]["n"] == 0
+    curve = pd.read_csv(tmp_path / "seeds" / "aggregate_log.csv")
+    logs = [pd.read_csv(tmp_path / "seeds" / f"seed{s}" / "log.csv") for s in (0, 1)]
+    assert np.allclose(curve["val_mrr_mean"], (logs[0]["val_mrr"] + logs[1]["val_mrr"]) / 2)
+    main(["train", str(small_link.path), "--seeds", "0,1", "--epochs", "1", "--no-progress", "--batch-size", "512",
+          "--fanouts", "5,5", "--hidden", "16", "--out", str(tmp_path / "cli")])
+    assert "seeds 0,1: best val MRR 0." in capsys.readouterr().out
+
+
+def test_sweeps_refuse_a_link_store(small_link, tmp_path):
+    with pytest.raises(UserError, match="a sweep does not handle link prediction"):
+        run_grid(_cfg(small_link, tmp_path), {"lr": [0.01]})
 
 
 LINK_POLICIES = ["inmemory", "hierbatching", "ginex", "macrobatch", "marius"]
