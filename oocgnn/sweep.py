@@ -11,7 +11,6 @@ import pandas as pd
 
 from .config import SETTINGS, TrainConfig
 from .errors import UserError
-from .metrics import node_only
 from .mixing import mixing
 from .policies import make_plan
 from .seeds import aggregate_rows
@@ -21,6 +20,8 @@ from .train import train
 SUMMARY_COLUMNS = ["train_s", "epoch_s", "best_val_acc", "test_at_best_val", "best_val_f1", "test_f1_at_best_val",
                    "best_val_auc", "test_auc_at_best_val", "final_val_acc", "final_test_acc", "time_to_target_s",
                    "resident_bytes", "peak_rss", "history_hits"]
+LINK_SUMMARY_COLUMNS = ["train_s", "epoch_s", "best_val_mrr", "test_mrr_at_best_val", "best_val_hits@10",
+                        "test_hits@10_at_best_val", "final_val_mrr", "final_test_mrr", "resident_bytes", "peak_rss"]
 
 
 def run_grid(base: TrainConfig, grid: dict, seeds=(0,), out_root="runs/sweep",
@@ -28,14 +29,14 @@ def run_grid(base: TrainConfig, grid: dict, seeds=(0,), out_root="runs/sweep",
     """Train `base` with every combination in `grid` ({setting: [values]}) and every seed.
 
     Returns (logs, summaries): every run's log.csv rows labelled by its settings, and one row per run
-    with its summary (time, accuracy, macro-F1, ROC-AUC, bytes read, stage seconds). `on_run(i, n,
+    with its summary (time, accuracy, macro-F1, ROC-AUC, bytes read, stage seconds; on a link store MRR and
+    Hits@10 in place of the node metrics and the label mixing). `on_run(i, n,
     settings)`, if given, is called before run i of n (a widget's progress bar).
     """
     bad = set(grid) - set(SETTINGS)
     if bad:
         raise UserError(f"unknown setting(s) {', '.join(sorted(bad))} to sweep; "
                         f"the settings are {', '.join(SETTINGS)}")
-    node_only(open_store(base.store, verify=False), "a sweep")
     combos = [{}]
     for key, values in grid.items():
         combos = [{**c, key: v} for c in combos for v in values]
@@ -49,10 +50,11 @@ def run_grid(base: TrainConfig, grid: dict, seeds=(0,), out_root="runs/sweep",
         s = train(base.replace(**combo, seed=seed, out=str(out), force=True))   # the sweep's own directories
         settings = {"policy": base.policy, **combo, "seed": seed}
         logs.append(s["log"].assign(**settings))
-        rows.append({**settings, **{k: s[k] for k in SUMMARY_COLUMNS},
+        mix = s["mixing"]                          # None on a link store: no labels to mix
+        rows.append({**settings, **{k: s[k] for k in (LINK_SUMMARY_COLUMNS if mix is None else SUMMARY_COLUMNS)},
                      "bytes_read": s["io"]["bytes_read"],
-                     **{f"mixing_{k}": s["mixing"][k] for k in ("parts_mean", "tv_mean", "tv_max")},
-                     "mixing_warns": bool(s["mixing"]["warning"]),
+                     **({f"mixing_{k}": mix[k] for k in ("parts_mean", "tv_mean", "tv_max")} if mix else {}),
+                     **({"mixing_warns": bool(mix["warning"])} if mix else {}),
                      **{f"{k}_s": v for k, v in s["stage_s"].items()}})
     return pd.concat(logs, ignore_index=True), pd.DataFrame(rows)
 
@@ -67,6 +69,8 @@ def mixing_warnings(base: TrainConfig, grid: dict) -> list:
     (`oocgnn.mixing.check`), from the plans alone (nothing read, nothing trained): what a widget shows
     before a sweep runs. Combinations whose plan does not build are left to the run to report."""
     store, out = open_store(base.store, verify=False), []
+    if getattr(store, "task", "node") == "link":            # no labels to mix
+        return out
     combos = [{}]
     for key, values in grid.items():
         combos = [{**c, key: v} for c in combos for v in values]

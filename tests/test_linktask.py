@@ -20,7 +20,7 @@ from oocgnn.rundir import LINK_LOG_COLUMNS, load_run
 from oocgnn.sampler import Sampler, sampled_steps
 from oocgnn.seeds import train_seeds
 from oocgnn.store import open_store, write_store
-from oocgnn.sweep import run_grid
+from oocgnn.sweep import mixing_warnings, run_grid
 from oocgnn.train import train
 from oocgnn.tune import tune
 
@@ -145,7 +145,8 @@ def test_held_out_edges_never_reach_a_sampled_block(small_link):
 
 
 @pytest.mark.parametrize("settings, message", [
-    ({"policy": "outre"}, "policies that do: inmemory, hierbatching, ginex, macrobatch, marius"),
+    ({"policy": "outre"}, "policies that do: inmemory, mmap, hierbatching, ginex, macrobatch, marius, packed$"),
+    ({"policy": "composed"}, "policy composed does not train on link stores yet"),
     ({"policy": "hierbatching", "topology": "disk"}, "hierbatching on a link store keeps the topology in memory"),
     ({"target_metric": "acc"}, "does not apply to a link store"),
     ({"accumulate": "on"}, "a link store's batches are edges"),
@@ -295,6 +296,7 @@ LINK_RUNS = {
     "macrobatch": {"policy": "macrobatch", "macrobatch": 2, "memory_budget": "8MB"},
     "macrobatch-disk": {"policy": "macrobatch", "macrobatch": 2, "memory_budget": "8MB", "topology": "disk",
                         "static_cache": True},
+    "packed": {"policy": "packed", "memory_budget": "8MB"},
 }
 
 
@@ -325,7 +327,8 @@ def test_link_policies_read_what_simulate_counts(link16, tmp_path, name):
 
 @pytest.mark.parametrize("settings", [{"policy": "hierbatching", "parts_per_megabatch": 4, "static_ratio": 0.05},
                                       {"policy": "ginex", "superbatch": 2, "memory_budget": "600KB"},
-                                      {"policy": "macrobatch", "macrobatch": 2, "memory_budget": "1MB"}],
+                                      {"policy": "macrobatch", "macrobatch": 2, "memory_budget": "1MB"},
+                                      {"policy": "packed", "memory_budget": "1MB"}, {"policy": "mmap"}],
                          ids=lambda s: s["policy"])
 def test_link_policies_learn(parted_link, tmp_path, settings):
     """Each out-of-core policy that trains on a link store raises the validation MRR over 4 epochs."""
@@ -352,9 +355,15 @@ def test_seeds_aggregate_a_link_store_s_mrr(small_link, tmp_path, capsys):
     assert "seeds 0,1: best val MRR 0." in capsys.readouterr().out
 
 
-def test_sweeps_refuse_a_link_store(small_link, tmp_path):
-    with pytest.raises(UserError, match="a sweep does not handle link prediction"):
-        run_grid(_cfg(small_link, tmp_path), {"lr": [0.01]})
+def test_a_sweep_over_a_link_store_tabulates_mrr(small_link, tmp_path):
+    cfg = _cfg(small_link, tmp_path, epochs=1)
+    logs, table = run_grid(cfg, {"negatives": [5, 20]}, seeds=(0,), out_root=str(tmp_path / "sweep"))
+    assert table["negatives"].tolist() == [5, 20] and "best_val_acc" not in table and "mixing_warns" not in table
+    for _, row in table.iterrows():
+        s = json.loads((tmp_path / "sweep" / f"inmemory-negatives={row['negatives']}-s0" / "summary.json").read_text())
+        assert row["test_mrr_at_best_val"] == s["test_mrr_at_best_val"] and 0 < row["best_val_mrr"] <= 1
+    assert set(logs["negatives"]) == {5, 20} and logs["val_mrr"].notna().all()
+    assert mixing_warnings(cfg, {"negatives": [5, 20]}) == []
 
 
 LINK_POLICIES = ["inmemory", "hierbatching", "ginex", "macrobatch", "marius"]

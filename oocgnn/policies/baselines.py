@@ -28,4 +28,5 @@ class MmapPlan(Plan):
     simulator's count (every batch's rows, no cache) is an upper bound, not a prediction."""
     listed = 1
     name, source, reader, budgeted, exact_io = "mmap", "PyG+/DGL over mmap", "mmap", False, False
+    tasks = ("node", "link")     # link: inmemory's batches of training edges, their rows through the map
     io_pattern = "page faults, one at a time"

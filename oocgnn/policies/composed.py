@@ -26,6 +26,7 @@ class ComposedPlan(SampleAheadPlan, HierBatchingPlan):
     listed = 7
     name, source, size_flag = "composed", "HierBatching Alg. 1 + Ginex §3.4 + OUTRE §4.3", "superbatch"
     io_pattern = "sequential part ranges + Belady cache misses outside them, many in flight"
+    tasks = ("node",)            # not its parents' link: link mega-batches sample inside themselves, composed leaves them
     grid = tuple({"parts_per_megabatch": n, "superbatch": 4} for n in (4, 8, 16, 32, 64, 128, 256, 512))
     change_bytes = 12             # as Ginex's: in ids, out ids and positions, int32
 

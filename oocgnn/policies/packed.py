@@ -73,6 +73,7 @@ class PackedPlan(SampleAheadPlan):
     listed = 8
     name, source, size_flag = "packed", "DiskGNN (offline sampling, packed batches)", "pack"
     io_pattern = "one sequential packed range per batch, in the background"
+    tasks = ("node", "link")     # link: a batch's endpoints' and negatives' samples, packed as a node batch's
     # not among the tuner's candidates (`tune.GRID`) yet: the cost model predicts epochs, and this plan's pre-pass
     # (sampling E epochs, then reading and writing every batch's rows once) would go uncharged; `compare` runs it
     grid = ()
