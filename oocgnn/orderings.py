@@ -15,6 +15,10 @@ that holds its partition (its X_i). Three orderings:
 - `sequential`: the control: disjoint groups of c consecutive partitions in store order, the same
   every epoch, each example with its group.
 
+`assign` gives each example its state by the ordering's rule; `assign_by_neighbours` instead takes, among the
+same states, the one holding most of a training node's neighbours (not MariusGNN's: its sampling stays inside
+the buffer, and this loses the fewest neighbours to it).
+
 `beta_loads(n, b)` is the closed form of BETA's partition loads (digest §3); the tests check the
 states against it and the pair coverage against a brute-force count.
 """
@@ -25,6 +29,7 @@ import numpy as np
 from .errors import UserError
 
 ORDERINGS = ("comet", "beta", "sequential")
+PLACEMENTS = ("neighbours", "ordering")     # a training node's state: most of its neighbours, or the ordering's rule
 
 
 def beta_states(n: int, cap: int, rng) -> list[list[int]]:
@@ -130,6 +135,43 @@ def assign(states, part_of_node: np.ndarray, p: int, how: str, rng) -> np.ndarra
     if how == "random":
         return flat[start[parts] + (rng.random(len(parts)) * counts[parts]).astype(np.int64)]
     raise UserError(f"unknown assignment {how!r}; choose greedy or random")
+
+
+def neighbour_parts(store, nodes: np.ndarray, bounds: np.ndarray) -> tuple:
+    """(rows, parts, counts): how many neighbours each of `nodes` has in each physical partition (`bounds`), as
+    COO triples (row: position in `nodes`); read once from the store's lists, as the edge buckets are built."""
+    indptr = np.asarray(store.indptr)
+    lists = np.memmap(store.path / "indices.bin", dtype=store.meta["index_dtype"], mode="r") if store.num_edges else []
+    rows, parts = [np.empty(0, np.int64)], [np.empty(0, np.int64)]
+    for lo in range(0, len(nodes), 1 << 16):
+        chunk = np.asarray(nodes[lo:lo + (1 << 16)], dtype=np.int64)
+        deg = indptr[chunk + 1] - indptr[chunk]
+        row = np.repeat(np.arange(len(chunk)), deg)
+        at = indptr[chunk][row] + np.arange(len(row)) - np.repeat(np.cumsum(deg) - deg, deg)   # each list's entries
+        rows.append(row + lo)
+        parts.append(np.searchsorted(bounds, np.asarray(lists[at], dtype=np.int64), side="right") - 1)
+    p = len(bounds) - 1
+    keys, counts = np.unique(np.concatenate(rows) * p + np.concatenate(parts), return_counts=True)
+    return keys // p, keys % p, counts
+
+
+def assign_by_neighbours(states, part_of_node: np.ndarray, nbr_parts: tuple, rng) -> np.ndarray:
+    """int64 [len(part_of_node)]: the state each example trains in, among the states holding its partition, the
+    one holding the most of its neighbours (`nbr_parts`: `neighbour_parts`' triples), ties drawn uniformly. A
+    node's own partition is in each such state, so its cut neighbours decide: sampling stays inside the buffer
+    (MariusGNN §5.2), and this state loses the fewest of them. MariusGNN draws the state at random (`assign`)."""
+    rows, parts, counts = nbr_parts
+    n, p = len(part_of_node), max(max((max(s) for s in states), default=0) + 1, int(parts.max(initial=-1)) + 1)
+    best, choice = np.full(n, -1.0), np.full(n, -1, dtype=np.int64)
+    for i, state in enumerate(states):
+        member = np.zeros(p, dtype=bool)
+        member[list(state)] = True
+        score = np.bincount(rows[member[parts]], weights=counts[member[parts]], minlength=n) + rng.random(n)
+        better = member[part_of_node] & (score > best)
+        best[better], choice[better] = score[better], i
+    if (choice < 0).any():
+        raise UserError(f"partitions {sorted(set(part_of_node[choice < 0].tolist()))[:8]} are in no buffer state")
+    return choice
 
 
 def pair_coverage(states, p: int) -> np.ndarray:

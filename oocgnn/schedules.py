@@ -40,7 +40,8 @@ import numpy as np
 
 from .buckets import EdgeBuckets, physical_offsets
 from .errors import UserError
-from .orderings import ORDERINGS, assign, auto_logical, comet_shape, epoch_states
+from .orderings import (PLACEMENTS, ORDERINGS, assign, assign_by_neighbours, auto_logical, comet_shape, epoch_states,
+                        neighbour_parts)
 
 _EMPTY = np.empty(0, dtype=np.int64)
 
@@ -311,16 +312,24 @@ class BufferSchedule(Schedule):
     and leaves those it drops; "buckets": the edge buckets among the state's partitions come with
     them (`buckets.EdgeBuckets`, written on first use). Sampling stays inside the state's partitions.
     States without training nodes are not loaded. Epoch e's orderings and assignments come from
-    (seed, e): COMET regroups its logical partitions every epoch."""
+    (seed, e): COMET regroups its logical partitions every epoch.
+
+    `placement`: `ordering` assigns as MariusGNN does (COMET: a state drawn at random among those holding
+    the node's partition; BETA: the first); `neighbours` takes, among the same states, the one holding most of
+    the node's neighbours (`orderings.assign_by_neighbours`; the neighbour counts read once, as the buckets
+    are), so in-buffer sampling loses fewer of them. The states and their loads are the ordering's either way."""
     name = "buffer"
     data = ("features", "buckets")
     restricted = True
 
     def __init__(self, store, batch_size=1024, physical_parts=16, buffer_parts=4, ordering="comet",
-                 logical_parts=0, seed=0):
+                 logical_parts=0, seed=0, placement="ordering"):
         super().__init__(store, batch_size, seed)
         if ordering not in ORDERINGS:
             raise UserError(f"unknown ordering {ordering!r}; choose from {', '.join(ORDERINGS)}")
+        if placement not in PLACEMENTS:
+            raise UserError(f"unknown placement {placement!r}; choose from {', '.join(PLACEMENTS)}")
+        self.placement = placement
         self.p, self.c, self.ordering = int(physical_parts), int(buffer_parts), ordering
         self.bounds = physical_offsets(store, self.p)
         low = 1 if ordering == "sequential" else 2
@@ -333,7 +342,12 @@ class BufferSchedule(Schedule):
 
     def params(self):
         return {**super().params(), "physical_parts": self.p, "buffer_parts": self.c, "ordering": self.ordering,
-                "logical_parts": self.l}
+                "logical_parts": self.l, "placement": self.placement}
+
+    @cached_property
+    def neighbour_counts(self):
+        """Each training node's neighbours per physical partition (`orderings.neighbour_parts`)."""
+        return neighbour_parts(self.store, self.train_idx, self.bounds)
 
     @cached_property
     def buckets(self):
@@ -344,6 +358,8 @@ class BufferSchedule(Schedule):
         """(states, state of each training node) of the epoch (`orderings`)."""
         rng = self.rng(epoch, 0)
         states = epoch_states(self.ordering, self.p, self.c, self.l, rng)
+        if self.placement == "neighbours":
+            return states, assign_by_neighbours(states, self.part_of_train, self.neighbour_counts, rng)
         how = "greedy" if self.ordering != "comet" else "random"
         return states, assign(states, self.part_of_train, self.p, how, rng)
 

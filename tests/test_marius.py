@@ -88,6 +88,35 @@ def test_assignment_picks_a_state_holding_the_partition():
             assert counts.min() > 0.5 * len(drawn) / len(holding), "uniform among the states holding it"
 
 
+@pytest.mark.parametrize("ordering", ["comet", "beta"])
+def test_neighbour_placement_takes_the_state_holding_most_of_each_nodes_neighbours(fennel16, ordering):
+    """Brute force over the states: each training node trains in a state holding its partition and, among those,
+    one holding the most of its neighbours; the states (and loads) are the ordering's; the training nodes keep
+    more of their neighbours inside the buffer than under the ordering's own placement."""
+    kw = dict(batch_size=64, physical_parts=8, buffer_parts=4, ordering=ordering)
+    near, own = make_schedule("buffer", fennel16, placement="neighbours", **kw), make_schedule("buffer", fennel16, **kw)
+    part = np.searchsorted(physical_offsets(fennel16, 8), np.arange(fennel16.num_nodes), side="right") - 1
+    indptr, indices = np.asarray(fennel16.indptr), fennel16.indices
+    kept = {"near": 0, "own": 0}
+    for e in range(2):
+        (states, of), (states_own, of_own) = near.states(e), own.states(e)
+        assert states == states_own
+        for j, v in enumerate(near.train_idx):
+            nbr_parts = part[indices[indptr[v]:indptr[v + 1]]]
+            inside = {i: int(np.isin(nbr_parts, s).sum()) for i, s in enumerate(states) if part[v] in s}
+            assert of[j] in inside and inside[of[j]] == max(inside.values())
+            kept["near"] += inside[of[j]]
+            kept["own"] += inside[of_own[j]]
+    assert kept["near"] > kept["own"], kept
+
+
+def test_marius_places_by_neighbours_unless_told_the_ordering(fennel16, tmp_path):
+    assert make_plan(fennel16, _cfg(fennel16, tmp_path)).schedule.placement == "neighbours"
+    assert make_plan(fennel16, _cfg(fennel16, tmp_path, placement="ordering")).schedule.placement == "ordering"
+    with pytest.raises(UserError, match="placement must be one of neighbours, ordering"):
+        _cfg(fennel16, tmp_path, placement="nearest")
+
+
 # ---- edge buckets ---------------------------------------------------------------------------------
 @pytest.mark.parametrize("p", [16, 5])
 def test_buckets_hold_every_edge_once_and_rebuild_the_induced_subgraph(fennel16, p):

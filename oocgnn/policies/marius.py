@@ -8,7 +8,7 @@ import numpy as np
 
 from ..buckets import physical_offsets
 from ..errors import UserError
-from ..orderings import ORDERINGS, auto_logical, comet_shape, swap_size
+from ..orderings import PLACEMENTS, ORDERINGS, auto_logical, comet_shape, swap_size
 from ..edgeschedules import EdgeBufferSchedule
 from ..schedules import make_schedule
 from ..units import format_size
@@ -18,8 +18,9 @@ from .base import Plan, register, setting
 class MariusPlan(Plan):
     """MariusGNN (§3, §5): a buffer of c of p physical partitions holding their features and the edge
     buckets among them (`oocgnn.buckets`), in the states of an ordering (`oocgnn.orderings`: COMET by
-    default, BETA, sequential); each training node trains in one state, sampling only over the edges
-    inside the buffer. Swaps read whole partitions and buckets sequentially, the next state's in the
+    default, BETA, sequential); each training node trains in one state (by default the one, among those holding
+    its partition, that holds most of its neighbours; `--placement ordering` for MariusGNN's rule), sampling
+    only over the edges inside the buffer. Swaps read whole partitions and buckets sequentially, the next state's in the
     background (`oocgnn.buffer`). The topology is on disk: the buckets are all the run reads of it
     (evaluation reads lists as every policy's does). c defaults to the most partitions the budget holds.
     On a link store the examples are the training edges, by edge bucket (`edgeschedules.EdgeBufferSchedule`)."""
@@ -37,12 +38,18 @@ class MariusPlan(Plan):
         ordering: str = setting("comet", "buffer states: comet (MariusGNN) | beta (Marius) | sequential (control)")
         logical_parts: int = setting(0, "l: COMET's logical partitions (0: MariusGNN's rule l = 2p/c)")
         prefetch: bool = setting(True, "load the next state's partitions and buckets while this one trains")
+        placement: str = setting("neighbours", "the state each training node trains in, among those holding its "
+                                                "partition: neighbours (the one holding most of its neighbours: "
+                                                "in-buffer sampling loses the fewest) | ordering (MariusGNN's: "
+                                                "COMET draws one at random, BETA takes the first)")
 
         def __post_init__(self):
             if self.physical_parts < 1 or self.buffer_parts < 0 or self.logical_parts < 0:
                 raise UserError("physical_parts must be >= 1, buffer_parts and logical_parts >= 0 (0: automatic)")
             if self.ordering not in ORDERINGS:
                 raise UserError(f"ordering must be one of {', '.join(ORDERINGS)}, got {self.ordering!r}")
+            if self.placement not in PLACEMENTS:
+                raise UserError(f"placement must be one of {', '.join(PLACEMENTS)}, got {self.placement!r}")
 
     def __init__(self, store, cfg):
         super().__init__(store, cfg)
@@ -116,7 +123,8 @@ class MariusPlan(Plan):
         if self.task == "link":
             return EdgeBufferSchedule(self.store, cfg.batch_size, seed=self.seed, num_negatives=cfg.negatives,
                                       chunks=cfg.negative_chunks, degree_fraction=cfg.negative_degree_fraction, **buffer)
-        return make_schedule("buffer", self.store, batch_size=cfg.batch_size, seed=self.seed, **buffer)
+        return make_schedule("buffer", self.store, batch_size=cfg.batch_size, seed=self.seed,
+                             placement=self.options.placement, **buffer)
 
     def buffers(self) -> int:
         """Feature slots, one partition each: c, and room for one swap when prefetching."""
