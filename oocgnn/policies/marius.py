@@ -38,10 +38,10 @@ class MariusPlan(Plan):
         ordering: str = setting("comet", "buffer states: comet (MariusGNN) | beta (Marius) | sequential (control)")
         logical_parts: int = setting(0, "l: COMET's logical partitions (0: MariusGNN's rule l = 2p/c)")
         prefetch: bool = setting(True, "load the next state's partitions and buckets while this one trains")
-        placement: str = setting("neighbours", "the state each training node trains in, among those holding its "
-                                                "partition: neighbours (the one holding most of its neighbours: "
-                                                "in-buffer sampling loses the fewest) | ordering (MariusGNN's: "
-                                                "COMET draws one at random, BETA takes the first)")
+        placement: str = setting("neighbours", "node stores: the state each training node trains in, among those "
+                                               "holding its partition: neighbours (the one holding most of its "
+                                               "neighbours: in-buffer sampling loses the fewest) | ordering "
+                                               "(MariusGNN's: COMET draws one at random, BETA takes the first)")
 
         def __post_init__(self):
             if self.physical_parts < 1 or self.buffer_parts < 0 or self.logical_parts < 0:
