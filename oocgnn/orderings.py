@@ -161,7 +161,9 @@ def assign_by_neighbours(states, part_of_node: np.ndarray, nbr_parts: tuple, rng
     node's own partition is in each such state, so its cut neighbours decide: sampling stays inside the buffer
     (MariusGNN §5.2), and this state loses the fewest of them. MariusGNN draws the state at random (`assign`)."""
     rows, parts, counts = nbr_parts
-    n, p = len(part_of_node), max(max((max(s) for s in states), default=0) + 1, int(parts.max(initial=-1)) + 1)
+    part_of_node = np.asarray(part_of_node, dtype=np.int64)
+    n = len(part_of_node)
+    p = max(max((max(s) for s in states), default=0), int(parts.max(initial=0)), int(part_of_node.max(initial=0))) + 1
     best, choice = np.full(n, -1.0), np.full(n, -1, dtype=np.int64)
     for i, state in enumerate(states):
         member = np.zeros(p, dtype=bool)
