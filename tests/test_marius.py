@@ -365,6 +365,7 @@ def test_the_cli_says_which_buffer_the_budget_chose(fennel16, tmp_path, capsys):
           "--epochs", "1", "--max-eval-nodes", "100", "--out", str(tmp_path / "run"), "--no-progress"])
     out = capsys.readouterr().out
     plan = make_plan(fennel16, _cfg(fennel16, tmp_path, ordering="beta", epochs=1))
-    assert f"buffer: beta, c={plan.c} of p=16 partitions" in out
+    assert f"buffer: beta, c={plan.c} of p=16 partitions" in out and "training nodes placed by neighbours" in out
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["buffer"]["c"] == plan.c and summary["buffer"]["states_loaded"] <= summary["buffer"]["states_per_epoch"]
+    assert summary["buffer"]["placement"] == "neighbours"

@@ -78,7 +78,8 @@ class MariusPlan(Plan):
         b = s["buffer"]
         return [f"buffer: {b['ordering']}, c={b['c']} of p={b['p']} partitions" + (f", l={b['l']}" if b["l"] else "")
                 + f", {b['states_loaded']} of {b['states_per_epoch']} states loaded in epoch 0 (states without "
-                "training nodes are skipped)"]
+                "training nodes are skipped)" + (f"; training nodes placed by {b['placement']}" if "placement" in b
+                                                 else "")]
 
     def mixing_fix(self, more_parts):
         return "a larger --buffer-parts (c) or more, smaller partitions (prepare --parts K, --physical-parts)"
@@ -87,7 +88,8 @@ class MariusPlan(Plan):
         """The buffer this plan runs (c from the budget when not given): for run summaries."""
         sch = self.schedule
         return {"ordering": self.options.ordering, "p": self.p, "c": self.c, "l": sch.l,
-                "states_per_epoch": len(sch.states(0)[0]), "states_loaded": len(sch.groups(0))}
+                "states_per_epoch": len(sch.states(0)[0]), "states_loaded": len(sch.groups(0)),
+                **({"placement": self.options.placement} if self.task == "node" else {})}
 
     def valid_c(self) -> list:
         """Buffer sizes the ordering accepts at p (COMET: those giving whole r and c_l >= 2 at l)."""
