@@ -203,10 +203,11 @@ def _next_loads(steps) -> list:
 
 
 def _position(runtime, steps, start):
-    """Bring the runtime's residency to what it is before step `start`: load that step's group (in the
-    foreground: the next group then loads as an uninterrupted run's would, its reads counted alike)."""
+    """Bring the runtime's residency to what it is before step `start`: load the group of step start − 1 (in
+    the foreground, excluded from the run's reads), also when step `start` opens a group: a partition buffer's
+    next state enters only the partitions it lacks, so the uninterrupted run's reads are counted alike."""
     j = next((k for k in range(start - 1, -1, -1) if steps[k][2].enter_ranges), None)
-    if j is not None and not steps[start][2].enter_ranges:
+    if j is not None:
         runtime.before(steps[j][2], None)
 
 

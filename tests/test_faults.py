@@ -205,6 +205,28 @@ def test_a_killed_run_resumes_to_the_same_losses(fennel16, tmp_path, kill_at, po
     assert resumed["io"]["pages"] == whole["io"]["pages"] and resumed["history_hits"] == whole["history_hits"]
 
 
+@pytest.mark.parametrize("placement", ["neighbours", "ordering"])
+def test_a_buffer_run_resumed_where_a_state_begins_reads_what_the_whole_run_reads(fennel16, tmp_path, kill_at,
+                                                                                  placement):
+    """A partition buffer's state enters only the partitions the previous one lacked: a run resumed at a state's
+    first step holds the previous state first (excluded), so it reads what the uninterrupted run read."""
+    from oocgnn.policies import make_plan
+    kw = {"policy": "marius", "dropout": 0.5, "placement": placement, **RESUMED["marius"]}
+    cfg = TrainConfig.create(store=str(fennel16.path), epochs=2, progress=False, **kw)
+    first = next(i for i, (_, _, step) in enumerate(make_plan(fennel16, cfg).steps(2)) if i >= 2 and step.enter_ranges)
+    kw["checkpoint_every"] = first
+    whole = _run(fennel16, tmp_path, name="whole", **kw)
+    kill_at(first + 1)
+    with pytest.raises(KeyboardInterrupt):
+        _run(fennel16, tmp_path, name="killed", **kw)
+    kill_at(None)
+    resumed = train(TrainConfig.create(store=str(fennel16.path), resume=str(tmp_path / "killed"), progress=False))
+    assert resumed["resumed_at"] == first
+    for io in ("io", "topology_io"):
+        for k in ("bytes_read", "requests", "pages"):
+            assert resumed[io][k] == whole[io][k], (io, k)
+
+
 def test_resume_needs_a_checkpoint_of_the_same_store(tiny_store, fennel16, tmp_path):
     _run(tiny_store, tmp_path, name="plain", epochs=1)
     with pytest.raises(UserError, match="no run to resume"):
