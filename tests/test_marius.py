@@ -110,10 +110,15 @@ def test_neighbour_placement_takes_the_state_holding_most_of_each_nodes_neighbou
     assert kept["near"] > kept["own"], kept
 
 
-def test_marius_places_by_neighbours_unless_told_the_ordering(fennel16, tmp_path):
-    assert make_plan(fennel16, _cfg(fennel16, tmp_path)).schedule.placement == "neighbours"
-    assert make_plan(fennel16, _cfg(fennel16, tmp_path, placement="ordering")).schedule.placement == "ordering"
-    with pytest.raises(UserError, match="placement must be one of neighbours, ordering"):
+def test_marius_places_by_neighbours_where_one_step_covers_the_training_set(fennel16, tmp_path):
+    """auto: neighbours when label-balanced steps are on and the training set fits a batch, else MariusGNN's."""
+    n = len(fennel16.train_idx)
+    placed = lambda **kw: make_plan(fennel16, _cfg(fennel16, tmp_path, **kw)).schedule.placement
+    assert placed(batch_size=n) == "neighbours" and placed(batch_size=n - 1) == "ordering"
+    assert placed(batch_size=n, accumulate="off") == "ordering"
+    assert placed(batch_size=n - 1, placement="neighbours") == "neighbours"
+    assert placed(batch_size=n, placement="ordering") == "ordering"
+    with pytest.raises(UserError, match="placement must be one of auto, neighbours, ordering"):
         _cfg(fennel16, tmp_path, placement="nearest")
 
 
@@ -368,4 +373,4 @@ def test_the_cli_says_which_buffer_the_budget_chose(fennel16, tmp_path, capsys):
     assert f"buffer: beta, c={plan.c} of p=16 partitions" in out and "training nodes placed by neighbours" in out
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["buffer"]["c"] == plan.c and summary["buffer"]["states_loaded"] <= summary["buffer"]["states_per_epoch"]
-    assert summary["buffer"]["placement"] == "neighbours"
+    assert summary["buffer"]["placement"] == "neighbours"        # auto: the training set fits one batch of 1024
