@@ -48,9 +48,11 @@ def test_cora_public_split(tmp_path):
 
 
 def test_amazon_photo(tmp_path):
+    """Without weight decay: the default 5e-4 (GCN's on Planetoid) costs amazon_photo's given split 2.6 points
+    at these settings (0.860 against 0.886, seeds 0-2, measured 2026-11-28)."""
     path = write_store(load_npz(shared_dataset("amazon_photo"), row_normalize=True), tmp_path / "ap",
                        progress=False).path
-    accs = [_test_acc(path, tmp_path, seed=s, epochs=60, batch_size=64, lr=0.005,
+    accs = [_test_acc(path, tmp_path, seed=s, epochs=60, batch_size=64, lr=0.005, weight_decay=0.0,
                       eval_fanouts=FULL_EVAL) for s in range(3)]
     assert np.mean(accs) >= 0.88, accs
 
