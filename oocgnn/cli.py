@@ -296,9 +296,10 @@ def _cmd_compare(args):
     import matplotlib
     matplotlib.use("Agg")
     import pandas as pd
-    from .compare import DEFAULT_POLICIES, PRIMING, compare, default_budget
+    from .compare import PRIMING, compare, default_budget, task_policies
     from .device import resolve_device
     from .config import TrainConfig
+    from .metrics import summary_keys, task_target
     from .plots import plot_comparison, save_figure
     from .policies import POLICIES
     from .store import open_store
@@ -306,8 +307,8 @@ def _cmd_compare(args):
     settings = _settings_from(args)
     store = open_store(settings["store"], verify=False)
     settings.setdefault("memory_budget", default_budget(store))
-    cfg = TrainConfig.create(**settings)
-    policies = [p for p in args.policies.split(",") if p] if args.policies else list(DEFAULT_POLICIES)
+    cfg = task_target(TrainConfig.create(**settings), getattr(store, "task", "node"))
+    policies = [p for p in args.policies.split(",") if p] if args.policies else task_policies(store)
     unknown = [p for p in policies if p not in POLICIES]
     if unknown or len(set(policies)) != len(policies):
         raise UserError(f"--policies: give distinct policies of {', '.join(POLICIES)}"
@@ -316,8 +317,11 @@ def _cmd_compare(args):
     table, logs, target = compare(cfg, policies, out, target_acc=cfg.target_acc or None, warm=not args.no_warm,
                                   progress=cfg.progress)
     feature_bytes = store.num_nodes * store.row_stride
-    best = [] if cfg.target_metric == "acc" else [f"best_val_{cfg.target_metric}"]   # what the target is of
-    shown = table[["policy", "epoch_s", "time_to_target_s", "best_val_acc", "test_at_best_val", *best,
+    metrics = ["best_val_acc", "test_at_best_val"] + ([] if cfg.target_metric == "acc" else   # what the target is of
+                                                      [f"best_val_{cfg.target_metric}"])
+    if cfg.target_metric == "mrr":
+        metrics = [*summary_keys("mrr"), "test_hits@10_at_best_val"]
+    shown = table[["policy", "epoch_s", "time_to_target_s", *metrics,
                    "read_per_epoch", "feature_files_per_epoch", "peak_rss", "status"]].copy()
     for col in ("read_per_epoch", "peak_rss"):
         shown[col] = [format_size(v) if pd.notna(v) else "-" for v in shown[col]]
@@ -346,13 +350,14 @@ def _cmd_report(args):
     import matplotlib.pyplot as plt
     import pandas as pd
     from .metrics import NAMES
-    from .plots import load_runs, plot_time_to_accuracy, save_figure, seed_table
+    from .plots import load_runs, plot_time_to_accuracy, run_task, save_figure, seed_table
     out = Path(args.out)
     for run in map(Path, args.runs):              # never write into what is read: a run's own log.csv
         if run.is_dir() and out.resolve().parent.is_relative_to(run.resolve()):
             raise UserError(f"--out {args.out} is inside the run directory {run}, which report reads; "
                             "write the report elsewhere")
     runs = load_runs(args.runs)
+    metric = "mrr" if run_task(runs) == "link" else "acc"
     table = seed_table(runs)
     print(table.to_string(index=False))
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -361,12 +366,14 @@ def _cmd_report(args):
         r = log.iloc[-1]
         mix = "" if pd.isna(r["mixing_tv_mean"]) else \
             f", groups of {r['mixing_parts']:.1f} parts, label TV {r['mixing_tv_mean']:.3f} (worst {r['mixing_tv_max']:.3f})"
-        more = "".join(f", {NAMES[m]} {log[f'val_{m}'].max():.4f}" for m in ("f1", "auc")   # none in older logs;
-                       if log[f"val_{m}"].notna().any())                                    # AUC: binary labels
-        print(f"{run}: {r['policy']}, best val {log['val_acc'].max():.4f}{more}{mix}")
+        others = ("hits@10",) if metric == "mrr" else ("f1", "auc")
+        more = "".join(f", {NAMES.get(m, m)} {log[f'val_{m}'].max():.4f}" for m in others   # none in older logs;
+                       if f"val_{m}" in log and log[f"val_{m}"].notna().any())             # AUC: binary labels
+        print(f"{run}: {r['policy']}, best val {NAMES[metric]} {log[f'val_{metric}'].max():.4f}{more}{mix}")
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    plot_time_to_accuracy(runs, axes[0], "val_acc", "validation accuracy vs time")
-    plot_time_to_accuracy(runs, axes[1], "test_acc", "test accuracy vs time")
+    for ax, split in zip(axes, ("validation", "test")):
+        plot_time_to_accuracy(runs, ax, f"{split[:4] if split == 'test' else 'val'}_{metric}",
+                              f"{split} {NAMES[metric]} vs time")
     save_figure(fig, out.with_suffix(".png"))
     print(f"wrote {out.with_suffix('.csv')} and {out.with_suffix('.png')}")
 
@@ -541,8 +548,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_settings(co, exclude=("policy", "out", "resume", "max_steps", "checkpoint_every", "force", "seeds",
                                "distributed", "rank_data", "dist_timeout"))
     co.add_argument("--policies", default="",
-                    help="policies to compare, comma-separated (default: inmemory,mmap,hierbatching,outre,ginex,"
-                         "macrobatch,marius,composed)")
+                    help="policies to compare, comma-separated (default: every policy that trains the store's "
+                         "task: inmemory,mmap,hierbatching,outre,ginex,macrobatch,marius,composed,packed on a node "
+                         "store, all but outre and composed on a link store, compared by MRR)")
     co.add_argument("--out", default=None, help="directory for the runs and comparison.{csv,png} "
                                                  "(default runs/compare-<store>)")
     co.add_argument("--figure", default="", help="also write the table and figure to this path, without "

@@ -1,4 +1,5 @@
 """Every policy at one budget, side by side: time to accuracy and bytes read (`oocgnn compare`, `make run`).
+On a link store: time to MRR, among the policies that train link prediction.
 
 Each policy trains in a fresh process (`train.train_fresh`: its peak RSS and an mmap run's cgroup are
 its own) on the same store with the same settings and memory budget. A policy whose defaults do not
@@ -24,7 +25,7 @@ import pandas as pd
 from .benchtable import BenchTable
 from .config import TrainConfig
 from .errors import UserError
-from .metrics import check_target, node_only, summary_keys
+from .metrics import check_target, summary_keys, task_target
 from .policies import POLICIES, make_plan
 from .store import open_store
 from .tune import GRID
@@ -34,9 +35,16 @@ DEFAULT_POLICIES = tuple(POLICIES)      # every registered policy, in its `liste
 TARGET_SHARE = 0.95       # without --target-acc: time to 95 % of the best validation metric any policy reached
 PRIMING = "numba's cache primed before timing (2 untimed steps of each policy in a throwaway process)"
 TABLE_COLUMNS = ["policy", "status", "knobs", "epochs", "steps", "epoch_s", "train_s", "time_to_target_s",
-                 "best_val_acc", "test_at_best_val", "best_val_f1", "best_val_auc", "final_test_acc", "bytes_read",
+                 "best_val_acc", "test_at_best_val", "best_val_f1", "best_val_auc", "final_test_acc",
+                 "best_val_mrr", "test_mrr_at_best_val", "best_val_hits@10", "test_hits@10_at_best_val", "bytes_read",
                  "read_per_epoch", "feature_files_per_epoch", "setup_bytes", "resident_bytes", "peak_rss",
                  "cap_enforced", "mixing_warns", "setup_s", "run_dir"]
+
+
+def task_policies(store, policies=DEFAULT_POLICIES) -> list:
+    """The policies of `policies` that train the store's task (a link store: those whose plans batch edges)."""
+    task = getattr(store, "task", "node")
+    return [p for p in policies if task in POLICIES[p].tasks]
 
 
 def default_budget(store) -> str:
@@ -92,18 +100,22 @@ def time_to(log: pd.DataFrame, target: float, metric="acc"):
     return float(hit["wall_s"].iloc[0]) if len(hit) else None
 
 
+METRIC_COLUMNS = ("best_val_acc", "test_at_best_val", "best_val_f1", "best_val_auc", "final_test_acc",
+                  "best_val_mrr", "test_mrr_at_best_val", "best_val_hits@10", "test_hits@10_at_best_val")
+
+
 def _row(policy, knobs, note, s, feature_bytes) -> dict:
+    """A run's row: its node metrics, or its link metrics on a link store (the others empty)."""
     io = s["io"]["bytes_read"]
     epochs = s["steps"] / max(1, s["epoch_steps"])
     return {"policy": policy, "status": "ok" + (f" ({note})" if note else ""),
             "knobs": _knobs_text(knobs), "epochs": s["epochs"], "steps": s["steps"],
-            "epoch_s": s["epoch_s"], "train_s": s["train_s"], "best_val_acc": s["best_val_acc"],
-            "test_at_best_val": s["test_at_best_val"], "best_val_f1": s["best_val_f1"],
-            "best_val_auc": s["best_val_auc"], "final_test_acc": s["final_test_acc"], "bytes_read": io,
-            "read_per_epoch": io / epochs, "feature_files_per_epoch": io / epochs / feature_bytes,
+            "epoch_s": s["epoch_s"], "train_s": s["train_s"], **{k: s.get(k) for k in METRIC_COLUMNS},
+            "bytes_read": io, "read_per_epoch": io / epochs, "feature_files_per_epoch": io / epochs / feature_bytes,
             "setup_bytes": s["io_setup"]["bytes_read"], "resident_bytes": s["resident_bytes"],
             "peak_rss": s["peak_rss"], "cap_enforced": bool(s["memory_cap"].get("enforced")),
-            "mixing_warns": bool(s["mixing"]["warning"]), "setup_s": s["setup_s"], "run_dir": s["run_dir"]}
+            "mixing_warns": bool(s["mixing"] and s["mixing"]["warning"]), "setup_s": s["setup_s"],
+            "run_dir": s["run_dir"]}
 
 
 def compare(cfg: TrainConfig, policies=DEFAULT_POLICIES, out="runs/compare", target_acc=None, warm=True,
@@ -115,18 +127,25 @@ def compare(cfg: TrainConfig, policies=DEFAULT_POLICIES, out="runs/compare", tar
     not fit or failed —, epoch time, time to `target`, accuracy, bytes read, memory), every run's log.csv
     rows labelled by policy, and the validation value of `cfg.target_metric` the times are measured to
     (`target_acc`, else `TARGET_SHARE` of the best any policy reached). `warm`: prime numba's cache first
-    (`prime`)."""
+    (`prime`). On a link store the target metric is MRR (`metrics.task_target`) and a policy that does not train
+    link prediction is a row saying so."""
     from .train import train_fresh  # torch: imported when used, not with this module
     from tqdm.auto import tqdm
     store = open_store(cfg.store, verify=False)
-    node_only(store, "oocgnn compare")
-    check_target(cfg.target_metric, store.num_classes)
+    task = getattr(store, "task", "node")
+    cfg = task_target(cfg, task)
+    check_target(cfg.target_metric, store.num_classes, task)
+    able = task_policies(store, policies)
     feature_bytes = store.num_nodes * store.row_stride
     runnable = []
     saved = BenchTable(Path(out) / "comparison.csv", TABLE_COLUMNS, key="policy", echo=False)
     for p in policies:                          # in their order; what a kill leaves says what never ran
         saved.add(p, "not run")
     for p in policies:
+        if p not in able:
+            saved.add(p, f"not for {task} stores: it trains {' and '.join(POLICIES[p].tasks)} tasks")
+            echo(f"{p}: does not train {task} prediction (a {task} store)")
+            continue
         try:
             knobs, note = fitting_settings(store, cfg, p)
         except UserError as e:
@@ -149,7 +168,8 @@ def compare(cfg: TrainConfig, policies=DEFAULT_POLICIES, out="runs/compare", tar
         row = _row(p, knobs, note, s, feature_bytes)
         saved.add(p, **{k: v for k, v in row.items() if k != "policy"})
         logs.append(s["log"].assign(policy=p))
-        echo(f"{p}: {s['epoch_s']:.2f} s an epoch, best val {s['best_val_acc']:.4f}, read "
+        echo(f"{p}: {s['epoch_s']:.2f} s an epoch, best val {cfg.target_metric} "
+             f"{s[summary_keys(cfg.target_metric)[0]]:.4f}, read "
              f"{format_size(row['read_per_epoch'])} an epoch" + (f" ({note})" if note else ""))
     metric, best = cfg.target_metric, summary_keys(cfg.target_metric)[0]
     logs = pd.concat(logs, ignore_index=True) if logs else pd.DataFrame(columns=["policy", "wall_s", f"val_{metric}"])

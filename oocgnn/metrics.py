@@ -100,14 +100,6 @@ def summary_keys(metric: str) -> tuple:
         (f"best_val_{metric}", f"test_{metric}_at_best_val")
 
 
-def node_only(store, verb: str):
-    """Refuse `verb` on a link store: what compares or repeats runs by node metrics (link prediction: train
-    and tune only)."""
-    if getattr(store, "task", "node") == "link":
-        raise UserError(f"{store.path} is a link store: {verb} does not handle link prediction yet; train it "
-                        "(oocgnn train) or tune it (oocgnn tune)")
-
-
 def task_target(cfg, task: str):
     """`cfg` with a link store's target metric: MRR where --target-metric was not given (acc, the default, is a
     node store's)."""

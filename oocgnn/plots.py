@@ -14,6 +14,16 @@ from .rundir import load_run
 
 MIXING_COLUMNS = {"parts_mean": "mixing_parts", "tv_mean": "mixing_tv_mean", "tv_max": "mixing_tv_max"}
 SUMMARY_METRICS = [key for m in METRICS for key in summary_keys(m)]   # best_val_acc, test_at_best_val, ...
+LINK_SUMMARY_METRICS = [*summary_keys("mrr"), *summary_keys("hits@10")]  # a link run's (`linktask`)
+
+
+def run_task(runs: pd.DataFrame) -> str:
+    """'node' or 'link': the task of the runs of `load_runs` (refused when they mix both: their metrics differ)."""
+    from .errors import UserError
+    tasks = set(runs["task"])
+    if len(tasks) > 1:
+        raise UserError("these runs mix node classification and link prediction: report each task's runs apart")
+    return tasks.pop()
 
 
 def load_runs(run_dirs) -> pd.DataFrame:
@@ -30,8 +40,10 @@ def load_runs(run_dirs) -> pd.DataFrame:
         log.insert(2, "policy", cfg["policy"])
         log.insert(3, "model", cfg["model"])
         log.insert(4, "seed", cfg["seed"])
-        for key in SUMMARY_METRICS:               # runs from before macro-F1 and ROC-AUC have none of theirs
-            log[key] = summary.get(key)
+        link = "val_mrr" in log.columns
+        log.insert(5, "task", "link" if link else "node")
+        for key in LINK_SUMMARY_METRICS if link else SUMMARY_METRICS:   # runs from before macro-F1 and ROC-AUC
+            log[key] = summary.get(key)                                 # have none of theirs
         mix = summary.get("mixing") or {}          # runs from before `oocgnn.mixing` have none
         for key, col in MIXING_COLUMNS.items():
             log[col] = mix.get(key)
@@ -41,15 +53,17 @@ def load_runs(run_dirs) -> pd.DataFrame:
 
 def seed_table(runs: pd.DataFrame) -> pd.DataFrame:
     """One row per group of `load_runs`: its policy, seeds, accuracies, macro-F1 and (binary labels)
-    ROC-AUC as mean ± std over them."""
+    ROC-AUC as mean ± std over them; for link runs MRR and Hits@10."""
     from .seeds import format_mean_std, mean_std  # torch: imported when used, not with this module
+    link = "task" in runs and run_task(runs) == "link"
+    metrics, final = (("mrr", "hits@10"), "test_mrr") if link else (METRICS, "test_acc")
     rows = []
     for group, g in runs.groupby("group" if "group" in runs else "run", sort=False):
         last = g.groupby("run", sort=False).tail(1)        # one row per run: its summary's values
         rows.append({"group": group, "policy": last["policy"].iloc[0], "seeds": ",".join(map(str, last["seed"])),
-                     **{key: format_mean_std(mean_std(last[key])) for m in METRICS for key in summary_keys(m)
+                     **{key: format_mean_std(mean_std(last[key])) for m in metrics for key in summary_keys(m)
                         if last[summary_keys(m)[0]].notna().any()},      # AUC: binary labels only
-                     "final_test_acc": format_mean_std(mean_std(last["test_acc"]))})
+                     f"final_{final}": format_mean_std(mean_std(last[final]))})
     return pd.DataFrame(rows)
 
 
@@ -151,7 +165,7 @@ def plot_comparison(table: pd.DataFrame, logs: pd.DataFrame, target=None, featur
     a.set_title(f"time to {NAMES[metric]}")
     a.legend(fontsize=8)
     y = np.arange(len(table))[::-1]
-    ran = table["best_val_acc"].notna().to_numpy()
+    ran = table["status"].astype(str).str.startswith("ok").to_numpy()
 
     def bars(ax, values, label, fmt):
         vals = pd.to_numeric(values, errors="coerce").to_numpy(float)

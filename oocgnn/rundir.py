@@ -121,7 +121,8 @@ def read_json(path: Path) -> dict:
 
 def load_run(path) -> tuple[dict, pd.DataFrame, dict]:
     """(config, log, summary) of a finished run, checked: every file present and readable, from one run; the
-    log's metric columns are NaN where it has none (a run from before them)."""
+    log's metric columns are NaN where it has none (a run from before them); a link run's log has its own
+    (`LINK_LOG_COLUMNS`: MRR, Hits@K)."""
     path = Path(path)
     if not path.is_dir():
         raise UserError(f"{path} is not a run directory")
@@ -135,11 +136,9 @@ def load_run(path) -> tuple[dict, pd.DataFrame, dict]:
         log = pd.read_csv(path / "log.csv")
     except (ValueError, OSError) as e:
         raise UserError(f"{path / 'log.csv'} is not a readable CSV ({e})") from None
-    if "val_mrr" in log.columns:
-        raise UserError(f"{path} is a link-prediction run (MRR, Hits@K): its log.csv and summary.json are read as "
-                        "they are; reports of node runs do not read them yet")
-    if not set(LOG_COLUMNS) <= set(log.columns) or not len(log):
-        raise UserError(f"{path / 'log.csv'} lacks the log columns {', '.join(LOG_COLUMNS)} or any row")
+    columns = LINK_LOG_COLUMNS if "val_mrr" in log.columns else LOG_COLUMNS     # a link store's run: MRR, Hits@K
+    if not set(columns) <= set(log.columns) or not len(log):
+        raise UserError(f"{path / 'log.csv'} lacks the log columns {', '.join(columns)} or any row")
     ids = {cfg.get("run_id"), summary.get("run_id"), *log.get("run_id", pd.Series([None])).unique()}
     if len(ids) != 1 or None in ids:
         raise UserError(f"{path}: its files come from different runs (run ids {sorted(map(str, ids))}); "
@@ -147,6 +146,8 @@ def load_run(path) -> tuple[dict, pd.DataFrame, dict]:
     for key in ("policy", "model", "seed"):
         if key not in cfg:
             raise UserError(f"{path / 'config.json'} has no {key!r}")
+    if columns is LINK_LOG_COLUMNS:
+        return cfg, log.reindex(columns=LINK_LOG_COLUMNS), summary
     return cfg, log.reindex(columns=LOG_COLUMNS + METRIC_LOG_COLUMNS), summary   # an older log's metrics: NaN
 
 

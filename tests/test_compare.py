@@ -97,3 +97,29 @@ def test_the_command_refuses_unknown_policies(fennel16):
     r = subprocess.run([sys.executable, "-m", "oocgnn", "compare", str(fennel16.path), "--policies", "inmemory,nope"],
                        capture_output=True, text=True)
     assert r.returncode == 2 and "nope" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_a_link_store_is_compared_by_mrr_among_the_policies_that_train_it(link16, tmp_path):
+    """On a link store the target is validation MRR, each row holds its run's MRR and Hits@10 (its summary's),
+    and a policy that trains node stores only is a row saying so; the command's default policies are those
+    that train link prediction."""
+    from oocgnn.compare import task_policies
+    from oocgnn.policies import POLICIES
+    cfg = _cfg(link16, memory_budget="8MB", parts_per_megabatch=4, static_ratio=0.02)
+    table, logs, target = compare(cfg, ["inmemory", "hierbatching", "outre"], tmp_path, warm=False, progress=False,
+                                  echo=lambda *a: None)
+    rows = table.set_index("policy")
+    assert rows.loc["inmemory", "status"] == rows.loc["hierbatching", "status"] == "ok"
+    assert rows.loc["outre", "status"].startswith("not for link stores")
+    for p in ("inmemory", "hierbatching"):
+        s = pd.read_json(tmp_path / p / "summary.json", typ="series")
+        assert rows.loc[p, "best_val_mrr"] == pytest.approx(s["best_val_mrr"]) and pd.isna(rows.loc[p, "best_val_acc"])
+        assert rows.loc[p, "test_hits@10_at_best_val"] == pytest.approx(s["test_hits@10_at_best_val"])
+        got, want = rows.loc[p, "time_to_target_s"], time_to(pd.read_csv(tmp_path / p / "log.csv"), target, "mrr")
+        assert got == want if want is not None else pd.isna(got)
+    assert rows["time_to_target_s"].notna().any()
+    assert target == pytest.approx(round(0.95 * rows["best_val_mrr"].max(), 4))
+    assert set(logs.policy) == {"inmemory", "hierbatching"} and "val_mrr" in logs
+    able = task_policies(link16)
+    assert "outre" not in able and "composed" not in able and "marius" in able
+    assert able == [p for p in POLICIES if "link" in POLICIES[p].tasks]

@@ -76,8 +76,8 @@ def test_a_link_run_learns_and_logs_mrr_and_hits(small_link, tmp_path):
     assert s["eval_negatives"] == 100 and s["eval_edges"] == {"val": len(small_link.link_edges("val")),
                                                              "test": len(small_link.link_edges("test"))}
     assert "best_val_acc" not in s and s["mixing"] is None
-    with pytest.raises(UserError, match="is a link-prediction run"):
-        load_run(tmp_path / "run")                         # reports read node runs only (yet)
+    _, loaded, _ = load_run(tmp_path / "run")               # as `oocgnn report` reads it: the link columns
+    assert list(loaded.columns) == LINK_LOG_COLUMNS and np.allclose(loaded["val_mrr"], log["val_mrr"])
 
 
 @pytest.mark.parametrize("decoder", ["dot", "mlp"])
@@ -353,6 +353,21 @@ def test_seeds_aggregate_a_link_store_s_mrr(small_link, tmp_path, capsys):
     main(["train", str(small_link.path), "--seeds", "0,1", "--epochs", "1", "--no-progress", "--batch-size", "512",
           "--fanouts", "5,5", "--hidden", "16", "--out", str(tmp_path / "cli")])
     assert "seeds 0,1: best val MRR 0." in capsys.readouterr().out
+    out = tmp_path / "fig" / "r"                            # `report` over the seeds: MRR, mean ± std
+    assert main(["report", str(tmp_path / "seeds"), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert f"best val MRR {logs[0]['val_mrr'].max():.4f}" in printed and "test_mrr_at_best_val" in printed
+    assert f"{100 * np.mean(mrr):.1f} ± " in printed and out.with_suffix(".png").stat().st_size > 1000
+    assert pd.read_csv(out.with_suffix(".csv"))["task"].eq("link").all()
+
+
+def test_report_refuses_to_mix_node_and_link_runs(small_link, tiny_store, tmp_path, capsys):
+    train(_cfg(small_link, tmp_path, "link", epochs=1))
+    train(TrainConfig.create(store=str(tiny_store.path), out=str(tmp_path / "node"), epochs=1, batch_size=512,
+                             fanouts="5,5", max_eval_nodes=100, progress=False))
+    assert main(["report", str(tmp_path / "link"), str(tmp_path / "node"), "--out", str(tmp_path / "r")]) == 2
+    assert "mix node classification and link prediction" in capsys.readouterr().err
+    assert not (tmp_path / "r.csv").exists()
 
 
 def test_a_sweep_over_a_link_store_tabulates_mrr(small_link, tmp_path):
