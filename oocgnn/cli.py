@@ -255,9 +255,13 @@ def _cmd_train(args):
             print(_metrics_line(s, s["target_metric"]))
         return
     if "best_val_mrr" in s:                        # a link store's run (`linktask`)
+        among = f"all {s['eval_negatives']:,} shared negative pairs (OGB's)" if s.get("eval_shared_negatives") \
+            else f"{s['eval_negatives']} negatives"
+        ogb = "".join(f", test Hits@{k} {s[f'test_hits@{k}_at_best_val']:.4f}" for k in (20, 50, 100)
+                      if f"test_hits@{k}_at_best_val" in s)
         print(f"{s['run_dir']}: {s['epochs']} epochs in {s['train_s']:.1f} s, best val MRR {s['best_val_mrr']:.4f}, "
-              f"test MRR at best val {s['test_mrr_at_best_val']:.4f} (each held-out edge ranked among "
-              f"{s['eval_negatives']} negatives), read {s['io']['bytes_read'] / 2**20:.1f} MiB")
+              f"test MRR at best val {s['test_mrr_at_best_val']:.4f} (each held-out edge ranked among {among}"
+              f"{ogb}), read {s['io']['bytes_read'] / 2**20:.1f} MiB")
         return
     print(f"{s['run_dir']}: {s['epochs']} epochs in {s['train_s']:.1f} s, best val "
           f"{s['best_val_acc']:.4f}, test at best val {_accuracy(s['test_at_best_val'])}, "

@@ -4,6 +4,7 @@
   `_eval_mrr`). rank = 1 + (#{neg > pos} + #{neg >= pos}) / 2: a positive tied with t negatives sits in their
   middle (the mean of its optimistic and pessimistic ranks). MRR = mean(1 / rank); Hits@K = mean(rank <= K)
   (OGB's hits@K_list). Negatives may also be one set shared by a chunk of positives (MariusGNN's).
+  `add_shared` ranks positives among one large shared set (OGB's shared negative pairs) by binary search.
 * `SharedHits`: one set of negatives for all positives, OGB's 'hits@K' evaluator (ogbl-collab, -ppa, -ddi,
   `_eval_hits`). A positive is a hit iff its score is strictly greater than the K-th highest negative score (a
   tie with it misses); with fewer than K negatives every positive is a hit (OGB returns 1.0).
@@ -68,8 +69,19 @@ class RankMetrics:
         elif neg.ndim != 2 or neg.shape[0] != pos.shape[0]:
             raise ValueError(f"negatives of shape {tuple(neg.shape)} for {pos.shape[0]} positives: "
                              "expected [B, K] or [K]")
-        rank = 1 + 0.5 * ((neg > pos).sum(1) + (neg >= pos).sum(1)).to(torch.float64)
-        self.count += pos.shape[0]
+        self._add_ranks(1 + 0.5 * ((neg > pos).sum(1) + (neg >= pos).sum(1)).to(torch.float64))
+
+    def add_shared(self, pos, neg):
+        """`pos` [B] scores ranked among one large set `neg` [K] shared by all (OGB's shared negative pairs): the
+        ranks `add(pos, neg)` gives, by binary search in the sorted negatives instead of a [B, K] comparison."""
+        pos = _scores(pos).reshape(-1).to(torch.float64)
+        neg = torch.sort(_scores(neg).reshape(-1).to(torch.float64)).values
+        greater = len(neg) - torch.searchsorted(neg, pos, right=True)
+        geq = len(neg) - torch.searchsorted(neg, pos, right=False)
+        self._add_ranks(1 + 0.5 * (greater + geq).to(torch.float64))
+
+    def _add_ranks(self, rank):
+        self.count += rank.shape[0]
         self.reciprocal += float((1 / rank).sum())
         for k in self.ks:
             self.hits[k] += int((rank <= k).sum())

@@ -13,7 +13,10 @@
   --max-eval-nodes edges per split) ranked among its own `eval_negatives` corrupted destinations
   (`negatives.eval_targets_at`, keyed by the edge's position and `EVAL_SEED`: every run of a store ranks
   against the same ones; OGB's own per-edge negatives where the store has them), OGB's ogbl-citation2 'mrr'
-  evaluator: MRR and Hits@1, 3, 10 (`linkmetrics.RankMetrics`). The endpoints' and negatives' embeddings are
+  evaluator: MRR and Hits@1, 3, 10 (`linkmetrics.RankMetrics`). Where OGB gives negative pairs shared by every
+  held-out edge (ogbl-collab, -ppa, -ddi), each edge is ranked among all of them (the same MRR and Hits@1, 3, 10)
+  and OGB's 'hits@K' evaluator adds Hits@20, 50 and 100 (`linkmetrics.SharedHits`: a hit scores above the K-th
+  highest negative). The endpoints' and negatives' embeddings are
   computed layer-wise (`evaluation.LayerwiseEval`: each input row read once, within the budget) or by sampled
   batches (`--eval-mode batch`, the MLP), then scored in chunks of edges, each destination as one more candidate
   beside its negatives (the same arithmetic), near-ties made ties (`linkmetrics.snap_ties`); when most validation
@@ -31,11 +34,11 @@ import torch.nn.functional as F
 from .device import autocast
 from .errors import UserError
 from .evaluation import LayerwiseEval, eval_budget
-from .linkmetrics import RankMetrics, snap_ties
-from .metrics import LINK_METRICS
+from .linkmetrics import TIE_RTOL, RankMetrics, SharedHits, snap_ties
+from .metrics import LINK_METRICS, SHARED_HITS
 from .models import build_model, hidden_width
 from .negatives import eval_targets_at
-from .rundir import LINK_LOG_COLUMNS
+from .rundir import LINK_LOG_COLUMNS, SHARED_LOG_COLUMNS
 from .sampler import Sampler
 
 EVAL_SEED = 0                # the evaluation negatives' key: the same for every run of a store
@@ -120,6 +123,8 @@ class LinkTask:
 
     def __init__(self, cfg, store, runtime, ranks):
         self.cfg, self.store = cfg, store
+        if store.meta["link"]["negatives"] == "pairs":        # OGB's shared negatives: its Hits@K as well
+            self.metrics, self.columns = LINK_METRICS + SHARED_HITS, LINK_LOG_COLUMNS + SHARED_LOG_COLUMNS
 
     def build_model(self):
         return build_link_model(self.cfg, self.store.feat_dim)
@@ -145,15 +150,15 @@ class LinkTask:
 
 def held_out(store, split, limit, k, seed) -> tuple:
     """(edges int64 [M, 2], negatives int64 [M, K]) of a split: at most `limit` edges (a seeded subset, in
-    order; 0: all), each with its negative destinations (OGB's where given, else `eval_targets_at`)."""
+    order; 0: all), each with its negative destinations (OGB's where given, else `eval_targets_at`); with OGB's
+    shared negatives, negatives are those pairs (int64 [K, 2], all of them: OGB's Hits@K needs every one)."""
     edges = store.link_edges(split)
     positions = np.arange(len(edges))
     if limit and len(edges) > limit:
         positions = np.sort(np.random.default_rng(seed).choice(len(edges), limit, replace=False))
     kind = store.meta["link"]["negatives"]
     if kind == "pairs":
-        raise UserError(f"{store.path}: OGB's shared negative pairs (its Hits@K evaluator) are not evaluated yet; "
-                        "stores with per-edge negatives (ogbl-citation2) or none (a random split) are")
+        return np.asarray(edges[positions], dtype=np.int64), np.asarray(store.link_negatives(split), dtype=np.int64)
     negs = np.asarray(store.link_negatives(split)[positions], dtype=np.int64) if kind == "targets" else \
         eval_targets_at(positions, store.num_nodes, k, EVAL_SEED)
     return np.asarray(edges[positions], dtype=np.int64), negs
@@ -166,6 +171,7 @@ class LinkEvaluation:
     def __init__(self, cfg, plan, runtime, store, device):
         self.cfg, self.runtime, self.device = cfg, runtime, device
         self.tied, self.warned = {}, False       # per split: the share of edges tied with all their negatives
+        self.shared = store.meta["link"]["negatives"] == "pairs"
         self.sets = {s: held_out(store, s, cfg.max_eval_nodes, cfg.eval_negatives, cfg.seed + 1)
                      for s in ("val", "test")}
         self.nodes = np.unique(np.concatenate([a.ravel() for pair in self.sets.values() for a in pair]))
@@ -207,6 +213,9 @@ class LinkEvaluation:
         try:
             with torch.no_grad():
                 for split, (edges, negs) in self.sets.items():
+                    if self.shared:
+                        out[split] = self.shared_metrics(h, decoder, edges, negs, split)
+                        continue
                     ranks, tied = RankMetrics(ks=(1, 3, 10)), 0.0
                     step = max(1, SCORE_BYTES // max(1, (negs.shape[1] + 1) * h.shape[1] * 4))
                     for lo in range(0, len(edges), step):
@@ -225,6 +234,28 @@ class LinkEvaluation:
         self.warn_collapse()
         return out
 
+    def score_pairs(self, h, decoder, pairs) -> torch.Tensor:
+        """[len(pairs)] float32 scores of the (source, destination) `pairs`, in chunks."""
+        step = max(1, SCORE_BYTES // max(1, 2 * h.shape[1] * 4))
+        out = []
+        for lo in range(0, len(pairs), step):
+            e = torch.from_numpy(np.searchsorted(self.nodes, pairs[lo:lo + step]))
+            out.append(decoder(h[e[:, 0]].to(self.device), h[e[:, 1]].to(self.device)).float().cpu())
+        return torch.cat(out)
+
+    def shared_metrics(self, h, decoder, edges, pairs, split) -> dict:
+        """MRR and Hits@1, 3, 10 of each edge ranked among all the shared negative pairs, and OGB's Hits@20, 50,
+        100 (a hit scores above the K-th highest negative); an edge within rounding of every negative is tied."""
+        neg, pos = self.score_pairs(h, decoder, pairs), self.score_pairs(h, decoder, edges)
+        ranks, hits = RankMetrics(ks=(1, 3, 10)), SharedHits(ks=tuple(int(m.split("@")[1]) for m in SHARED_HITS))
+        ranks.add_shared(pos, neg)
+        hits.add_negatives(neg)
+        hits.add_positives(pos)
+        lo, hi = neg.min(), neg.max()
+        near = lambda v: (v - pos).abs() <= TIE_RTOL * torch.maximum(v.abs(), pos.abs())   # noqa: E731
+        self.tied[split] = float((near(lo) & near(hi)).float().mean())
+        return {**ranks.result(), **hits.result()}
+
     def warn_collapse(self):
         """Say once when most validation edges score equal to all their negatives: the model's embeddings have
         collapsed to one vector (the loss then sits at ln(1 + negatives)), and its MRR is that of ties."""
@@ -241,7 +272,9 @@ class LinkEvaluation:
                 "eval_memory": lw.memory() if lw is not None else None,
                 "eval_budget": lw.budget if lw is not None else None,
                 "eval_spilled": lw.spilled if lw is not None else None,
-                "eval_negatives": int(next(iter(self.sets.values()))[1].shape[1]),
+                "eval_negatives": int(len(next(iter(self.sets.values()))[1]) if self.shared else
+                                      next(iter(self.sets.values()))[1].shape[1]),
+                "eval_shared_negatives": self.shared,
                 "eval_edges": {s: len(e) for s, (e, _) in self.sets.items()}}
 
 

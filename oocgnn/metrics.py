@@ -16,6 +16,8 @@ from .errors import UserError
 
 METRICS = ("acc", "f1", "auc")       # --target-metric; log.csv's val_<m> and test_<m> columns
 LINK_METRICS = ("mrr", "hits@1", "hits@3", "hits@10")   # a link store's (`linktask`, OGB's ogbl-citation2 list)
+SHARED_HITS = ("hits@20", "hits@50", "hits@100")   # beside them where OGB gives shared negative pairs: its 'hits@K'
+#                                                    evaluator (ogbl-ddi's K, -collab's, -ppa's; `linkmetrics.SharedHits`)
 NAMES = {"acc": "accuracy", "f1": "macro-F1", "auc": "ROC-AUC", "mrr": "MRR"}
 
 

@@ -18,7 +18,7 @@ import pandas as pd
 
 from .config import POLICY_OPTIONS, SETTINGS, TrainConfig
 from .errors import UserError, first_line
-from .metrics import LINK_METRICS
+from .metrics import LINK_METRICS, SHARED_HITS
 
 RUN_FILES = ("config.json", "log.csv", "steps.csv", "summary.json", "checkpoint.pt")
 LOG_COLUMNS = ["wall_s", "epoch", "step", "train_loss", "val_acc", "test_acc",
@@ -30,6 +30,8 @@ EVAL_LOG_COLUMNS = ["eval_bytes_read", "eval_requests"]   # evaluation's reads s
 LINK_LOG_COLUMNS = ["wall_s", "epoch", "step", "train_loss",
                     *(f"{split}_{m}" for split in ("val", "test") for m in LINK_METRICS),
                     "bytes_read", "requests", "peak_rss"]       # a link store's run (`linktask`): its metrics'
+SHARED_LOG_COLUMNS = [f"{split}_{m}" for split in ("val", "test") for m in SHARED_HITS]   # a store with OGB's
+#                                                       shared negative pairs: its Hits@K beside the link columns
 STEP_COLUMNS = ["epoch", "batch", "seconds", "bytes_read", "pages", "requests", "io_seconds",
                 "sample_s", "gather_s", "compute_s"]      # the step's foreground stages (compute: with h2d)
 
@@ -147,7 +149,7 @@ def load_run(path) -> tuple[dict, pd.DataFrame, dict]:
         if key not in cfg:
             raise UserError(f"{path / 'config.json'} has no {key!r}")
     if columns is LINK_LOG_COLUMNS:
-        return cfg, log.reindex(columns=LINK_LOG_COLUMNS), summary
+        return cfg, log.reindex(columns=LINK_LOG_COLUMNS + [c for c in SHARED_LOG_COLUMNS if c in log]), summary
     return cfg, log.reindex(columns=LOG_COLUMNS + METRIC_LOG_COLUMNS), summary   # an older log's metrics: NaN
 
 

@@ -107,3 +107,11 @@ def test_misuse_is_refused():
         RankMetrics(ks=(0, 1))
     with pytest.raises(ValueError, match="no positives"):
         RankMetrics().result()
+
+
+def test_ranks_among_a_large_shared_set_by_binary_search_equal_the_comparison():
+    pos, neg = tied_scores(6, 300, levels=30), tied_scores(7, 1000, levels=30)
+    a, b = RankMetrics(), RankMetrics()
+    a.add(pos, neg)
+    b.add_shared(torch.from_numpy(pos), neg)
+    assert b.result() == pytest.approx(a.result(), abs=1e-12) and a.count == b.count == 300

@@ -438,3 +438,46 @@ def test_in_memory_link_training_on_cora_matches_a_full_graph_reference(tmp_path
     assert s["best_val_mrr"] == pytest.approx(val.max(), abs=0.01)
     assert s["test_mrr_at_best_val"] == pytest.approx(ref[best]["test"]["mrr"], abs=0.01)
     assert s["best_val_mrr"] > 0.3                         # it learned: random ranking among 100 gives about 0.05
+
+
+def test_ogb_shared_negative_pairs_are_evaluated_as_ogb_does(tmp_path, capsys, monkeypatch):
+    """A store with OGB's shared negative pairs (ogbl-collab's layout): each held-out edge ranked among all of
+    them (MRR, Hits@1, 3, 10) and OGB's 'hits@K' (a hit scores strictly above the K-th highest negative; every
+    positive a hit with fewer than K negatives), against a brute-force float64 computation from the evaluated
+    embeddings; the log, summary and printed line carry them."""
+    from oocgnn.linktask import LinkEvaluation
+    from .test_linksplit import write_ogbl
+    root, *_ = write_ogbl(tmp_path / "ogbl_toy", "edge", True)
+    store = tmp_path / "store"
+    assert main(["prepare", str(root), "--task", "link", "--out", str(store), "--quiet"]) == 0
+    seen = []
+    embeddings = LinkEvaluation.embeddings
+
+    def keep(self, model):
+        h = embeddings(self, model)
+        seen.append((self, model, h.numpy().astype(np.float64)))
+        return h
+    monkeypatch.setattr(LinkEvaluation, "embeddings", keep)
+    assert main(["train", str(store), "--epochs", "2", "--batch-size", "64", "--fanouts", "5,5", "--hidden", "8",
+                 "--negatives", "5", "--negative-chunks", "2", "--out", str(tmp_path / "run"), "--no-progress"]) == 0
+    assert "among all 20 shared negative pairs (OGB's)" in capsys.readouterr().out
+    log = pd.read_csv(tmp_path / "run" / "log.csv")
+    evaluator, model, h = seen[-1]
+    assert evaluator.shared and model.decoder.__class__.__name__ == "DotDecoder"
+    for split in ("val", "test"):
+        edges, pairs = evaluator.sets[split]
+        assert pairs.shape == (20, 2)
+        at = lambda p: np.searchsorted(evaluator.nodes, p)            # noqa: E731
+        score = lambda p: (h[at(p[:, 0])] * h[at(p[:, 1])]).sum(1)    # noqa: E731
+        pos, neg = score(edges), score(pairs)
+        rank = 1 + ((neg[None] > pos[:, None]).sum(1) + (neg[None] >= pos[:, None]).sum(1)) / 2
+        top = np.sort(neg)[::-1]
+        want = {"mrr": np.mean(1 / rank), **{f"hits@{k}": np.mean(rank <= k) for k in (1, 3, 10)},
+                **{f"hits@{k}": 1.0 if len(neg) < k else np.mean(pos > top[k - 1]) for k in (20, 50, 100)}}
+        for m, v in want.items():
+            assert log[f"{split}_{m}"].iloc[-1] == pytest.approx(v, abs=1e-6), (split, m)
+    s = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert s["eval_shared_negatives"] and s["eval_negatives"] == 20
+    assert s["test_hits@50_at_best_val"] == 1.0             # 20 negatives < 50: OGB counts every positive a hit
+    _, loaded, _ = load_run(tmp_path / "run")
+    assert "val_hits@20" in loaded and "test_hits@100" in loaded
