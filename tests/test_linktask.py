@@ -241,20 +241,22 @@ def test_marius_link_refuses_the_sequential_ordering(parted_link, tmp_path):
 HB = {"policy": "hierbatching", "parts_per_megabatch": 4, "static_ratio": 0.02, "memory_budget": "8MB"}
 
 
-@pytest.mark.parametrize("passes", [1.0, 2.0, 1.5])
-def test_hierbatching_trains_every_edge_once_a_pass_in_a_mega_batch_holding_it(link16, passes):
+@pytest.mark.parametrize("passes,pool", [(1.0, 0), (2.0, 0), (1.5, 0), (2.0, 300)])
+def test_hierbatching_trains_every_edge_once_a_pass_in_a_mega_batch_holding_it(link16, passes, pool):
     """Each training edge trains in one mega-batch an epoch, once a pass (a fraction of a pass: a share of each
     mega-batch's edges once more); its source is in the mega-batch's parts or static, its destination too or an
     outsider the mega-batch reads with its parts; an edge has an outsider only when its endpoints' parts are in
-    different mega-batches and neither is static; every seed is visible and uniform negatives are the parts'."""
-    plan = make_plan(link16, TrainConfig.create(store=str(link16.path), batch_size=256, passes=passes, **HB))
+    different mega-batches and neither is static; every seed is visible; uniform negatives are the parts' or,
+    with a negative pool, the pool's (read with the mega-batch where outside its parts)."""
+    plan = make_plan(link16, TrainConfig.create(store=str(link16.path), batch_size=256, passes=passes,
+                                                negative_pool=pool, **HB))
     sch = plan.schedule
     edges, static = sch.edge_batches.edges, sch._static_mask
     for epoch in range(2):
         groups = sch.groups(epoch)
         trained, outsiders_used, group_edges = [], 0, {}
         for step in sch.epoch(epoch):
-            ranges, _, outsiders = groups[step.group]
+            ranges, _, outsiders, drawn = groups[step.group]
             t = np.zeros(link16.num_nodes, bool)
             for lo, hi in ranges:
                 t[lo:hi] = True
@@ -267,7 +269,11 @@ def test_hierbatching_trains_every_edge_once_a_pass_in_a_mega_batch_holding_it(l
             outsiders_used += int(out.sum())
             assert np.isin(step.seeds, step.visible).all()
             uniform = step.link.negatives[:, int(sch.edge_batches.num_negatives * sch.edge_batches.degree_fraction):]
-            assert t[uniform].all()
+            if pool:
+                assert len(drawn) == pool and np.isin(uniform, drawn).all() and not t[uniform].all()
+                assert np.isin(drawn[~t[drawn]], outsiders).all()
+            else:
+                assert drawn is None and t[uniform].all()
             group_edges.setdefault(step.group, []).append(step.link.edges)
             trained.append(step.link.edges)
         trained = np.concatenate(trained)
@@ -279,15 +285,38 @@ def test_hierbatching_trains_every_edge_once_a_pass_in_a_mega_batch_holding_it(l
         if not extra:
             assert (count == int(lo)).all()                          # every edge exactly once a pass
         else:                                                        # each mega-batch: round(frac · its edges) more
-            assert count.sum() == int(lo) * len(edges) + sum(round(extra * len(p)) for _, p, _ in groups)
-        for g, (ranges, positions, _) in enumerate(groups):          # a mega-batch's edges are its own, no other's
+            assert count.sum() == int(lo) * len(edges) + sum(round(extra * len(p)) for _, p, _, _ in groups)
+        for g, (ranges, positions, _, _) in enumerate(groups):          # a mega-batch's edges are its own, no other's
             mine = np.unique(np.concatenate(group_edges[g]), axis=0)
             assert np.array_equal(mine, np.unique(edges[positions], axis=0))
         assert outsiders_used > 0 and len(groups) == 4
 
 
+def test_a_negative_pool_on_a_node_store_is_refused(fennel16):
+    with pytest.raises(UserError, match="negative-pool draws a link store's negatives"):
+        make_plan(fennel16, TrainConfig.create(store=str(fennel16.path), negative_pool=100, **HB))
+
+
+def test_hierbatching_negative_pools_are_uniform_over_the_graph(link16):
+    """A mega-batch's negative pool is a uniform draw of distinct nodes, a new one per (epoch, mega-batch): over
+    many, every node is drawn about equally often, inside and outside the mega-batch's parts alike."""
+    sch = make_plan(link16, TrainConfig.create(store=str(link16.path), negative_pool=100, **HB)).schedule
+    n, draws = link16.num_nodes, 400
+    count, inside = np.zeros(n), 0
+    for e in range(draws // 4):
+        for ranges, _, _, pool in sch.groups(e):
+            assert len(np.unique(pool)) == 100
+            count[pool] += 1
+            inside += sum(int(((pool >= lo) & (pool < hi)).sum()) for lo, hi in ranges)
+    expected = draws * 100 / n
+    chi2 = ((count - expected) ** 2 / expected).sum()
+    assert chi2 < n + 5 * np.sqrt(2 * n), chi2                  # df = n - 1: far above this is not uniform
+    assert abs(inside / (draws * 100) - 4 / 16) < 0.03           # a mega-batch holds 4 of 16 parts
+
+
 LINK_RUNS = {
     "hierbatching": {**HB, "passes": 2.0},
+    "hierbatching-pool": {**HB, "negative_pool": 300},
     "hierbatching-sync": {"policy": "hierbatching", "parts_per_megabatch": 3, "static_ratio": 0.0, "passes": 1.5,
                           "pipeline": False, "memory_budget": "8MB"},
     "ginex": {"policy": "ginex", "superbatch": 2, "memory_budget": "3500KB"},

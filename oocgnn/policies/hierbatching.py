@@ -82,6 +82,11 @@ class HierBatchingPlan(Plan):
         pipeline: bool = setting(True, "load the next mega-batch in the background while training on this one")
         regroup: str = setting("", "METHOD:PARTS: mega-batches from this partition instead of the store's "
                                    "parts; on an unpartitioned store this is HB- (scattered loads)")
+        negative_pool: int | str = setting("auto", "link stores: nodes drawn uniformly over the graph for each "
+                                                   "mega-batch and read with it, its batches' uniform negatives drawn "
+                                                   "among them (0: among the mega-batch's own nodes, MariusGNN's rule); "
+                                                   "auto: --negatives x --negative-chunks, halved while the budget "
+                                                   "then holds no mega-batch")
 
         def __post_init__(self):
             if self.parts_per_megabatch < 0:
@@ -92,6 +97,14 @@ class HierBatchingPlan(Plan):
                 raise UserError(f"passes must be >= 1 (every training node at least once), got {self.passes}")
             if self.static_scope not in ("adjacent", "all"):
                 raise UserError(f"static_scope must be adjacent or all, got {self.static_scope!r}")
+            if self.negative_pool != "auto":
+                try:
+                    self.negative_pool = int(self.negative_pool)
+                except ValueError:
+                    self.negative_pool = -1
+                if self.negative_pool < 0:
+                    raise UserError(f"negative_pool is a number of nodes >= 0 (0: the mega-batch's own nodes) or auto, "
+                                    f"got {self.negative_pool!r}")
             if self.regroup:
                 method, _, parts = self.regroup.partition(":")
                 if not method or not parts.isdigit() or int(parts) < 1:
@@ -101,6 +114,11 @@ class HierBatchingPlan(Plan):
         super().__init__(store, cfg)
         o = self.options
         self.pipeline = o.pipeline
+        pool = self._pool_option = getattr(o, "negative_pool", 0)      # composed (node stores only) has none
+        if self.task != "link" and pool not in (0, "auto"):
+            raise UserError("--negative-pool draws a link store's negatives; this is a node store (no negatives)")
+        self._pool = 0 if self.task != "link" else min(store.num_nodes, cfg.negatives * cfg.negative_chunks) \
+            if pool == "auto" else min(store.num_nodes, pool)
         if self.task == "link" and cfg.topology == "disk":
             raise UserError("hierbatching on a link store keeps the topology in memory (an edge between two "
                             "mega-batches samples its destination's list in its source's): use --topology memory or auto")
@@ -111,6 +129,8 @@ class HierBatchingPlan(Plan):
                             "(prepare it with --partitioner metis|fennel --parts K, or --regroup metis:K)")
         self.num_groupable = parts              # the parts mega-batches group (the store's, or --regroup's)
         self.n_d = o.parts_per_megabatch or self._most_parts(parts)
+        if o.parts_per_megabatch and self._pool_option == "auto":
+            self._pool_gives_way(lambda: self._fits_any_topology(o.parts_per_megabatch))
         if o.parts_per_megabatch and o.static_ratio == "auto":
             self._static_gives_way(lambda: self._fits_any_topology(o.parts_per_megabatch))
         self._choose_topology()
@@ -123,6 +143,13 @@ class HierBatchingPlan(Plan):
             return holds()
         self._static_ratio = lowered_until(with_ratio, self.static_ratio)
         self.__dict__.pop("schedule", None)
+
+    def _pool_gives_way(self, holds):
+        """A link store's negative pool auto where the budget then holds no mega-batch: halved until `holds()`
+        (0 at the end), before the static rows give way."""
+        while self._pool and not holds():
+            self._pool //= 2
+            self.__dict__.pop("schedule", None)
 
     def _fits_any_topology(self, n) -> bool:
         """Whether a mega-batch of `n` parts fits the budget on some topology the run may take."""
@@ -152,6 +179,9 @@ class HierBatchingPlan(Plan):
             return best
 
         best = most()
+        if not best[0] and self._pool and self._pool_option == "auto":
+            self._pool_gives_way(lambda: most()[0] > 0)
+            best = most()
         if not best[0] and self.options.static_ratio == "auto":
             self._static_gives_way(lambda: most()[0] > 0)
             best = most()
@@ -185,7 +215,8 @@ class HierBatchingPlan(Plan):
         if self.task == "link":
             cfg = self.cfg
             return EdgeMegabatchSchedule(self.store, num_negatives=cfg.negatives, chunks=cfg.negative_chunks,
-                                         degree_fraction=cfg.negative_degree_fraction, **params)
+                                         degree_fraction=cfg.negative_degree_fraction,
+                                         negative_pool=self._pool, **params)
         return make_schedule("megabatch", self.store, **params)
 
     @property
@@ -218,7 +249,7 @@ class HierBatchingPlan(Plan):
         outsiders such parts may bring (`EdgeMegabatchSchedule.outsiders_by_part`)."""
         rows = self._largest(self._parts()[0], self.n_d)
         if self.task == "link":
-            rows = min(self.store.num_nodes, rows + int(self._outsiders[0][:self.n_d].sum()))
+            rows = min(self.store.num_nodes, rows + int(self._outsiders[0][:self.n_d].sum()) + self._pool)
         return rows
 
     def group_entries(self):
@@ -236,7 +267,8 @@ class HierBatchingPlan(Plan):
         out = super().memory()
         if self.task == "link":
             held = min(self.store.num_edges, self.setup_entries() + self.group_entries())
-            entries = min(self.store.num_edges, held + int(self._outsiders[1][:self.n_d].sum())) - held
+            pool = int(np.sort(self.store.degrees())[::-1][:self._pool].sum())
+            entries = min(self.store.num_edges, held + int(self._outsiders[1][:self.n_d].sum()) + pool) - held
             out["induced"] += self.subgraphs() * entries * 4
         return out
 
@@ -249,7 +281,8 @@ class HierBatchingPlan(Plan):
                 "budget": self.budget, "holds": need <= self.budget}
 
     def describe(self):
-        return {"hierbatching_rule": self.rule(), "parts_per_megabatch": self.n_d}
+        pool = {"negative_pool": self._pool} if self.task == "link" else {}
+        return {"hierbatching_rule": self.rule(), "parts_per_megabatch": self.n_d, **pool}
 
     def mixing_fix(self, more_parts):
         return (f"a larger --parts-per-megabatch, more parts (prepare --parts {more_parts}) so that a mega-batch "
