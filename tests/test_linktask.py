@@ -292,6 +292,25 @@ def test_hierbatching_trains_every_edge_once_a_pass_in_a_mega_batch_holding_it(l
         assert outsiders_used > 0 and len(groups) == 4
 
 
+def test_the_automatic_negative_pool_gives_way_to_the_mega_batch(link16):
+    """auto: --negatives x --negative-chunks nodes where the budget holds them beside the mega-batch, halved while
+    it then holds none (a given N_d, or an automatic one); a given pool that does not fit is refused."""
+    def plan(budget, **kw):
+        return make_plan(link16, TrainConfig.create(store=str(link16.path), policy="hierbatching", static_ratio=0.02,
+                                                    memory_budget=budget, negatives=100, negative_chunks=10, **kw))
+    roomy = plan("64MB", parts_per_megabatch=1)
+    assert roomy._pool == 1000 and roomy.describe()["negative_pool"] == 1000
+    without = plan("64MB", parts_per_megabatch=1, negative_pool=0).resident_bytes()
+    assert without < roomy.resident_bytes()                         # the pool's rows and lists are planned
+    tight = (without + roomy.resident_bytes()) // 2                 # holds one part, not the whole pool beside it
+    for kw in ({"parts_per_megabatch": 1}, {}):
+        p = plan(str(tight), **kw)
+        assert 0 < p._pool < 1000 and p.resident_bytes() <= tight and p.n_d == 1
+        assert p.schedule.negative_pool == p._pool
+    with pytest.raises(UserError, match="memory-budget"):
+        plan(str(tight), parts_per_megabatch=1, negative_pool=1000)
+
+
 def test_a_negative_pool_on_a_node_store_is_refused(fennel16):
     with pytest.raises(UserError, match="negative-pool draws a link store's negatives"):
         make_plan(fennel16, TrainConfig.create(store=str(fennel16.path), negative_pool=100, **HB))
