@@ -323,8 +323,8 @@ def _cmd_compare(args):
     feature_bytes = store.num_nodes * store.row_stride
     metrics = ["best_val_acc", "test_at_best_val"] + ([] if cfg.target_metric == "acc" else   # what the target is of
                                                       [f"best_val_{cfg.target_metric}"])
-    if cfg.target_metric == "mrr":
-        metrics = [*summary_keys("mrr"), "test_hits@10_at_best_val"]
+    if getattr(store, "task", "node") == "link":
+        metrics = [*summary_keys("mrr"), "test_hits@10_at_best_val", *summary_keys(cfg.target_metric)[:cfg.target_metric != "mrr"]]
     shown = table[["policy", "epoch_s", "time_to_target_s", *metrics,
                    "read_per_epoch", "feature_files_per_epoch", "peak_rss", "status"]].copy()
     for col in ("read_per_epoch", "peak_rss"):

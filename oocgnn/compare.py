@@ -25,7 +25,7 @@ import pandas as pd
 from .benchtable import BenchTable
 from .config import TrainConfig
 from .errors import UserError
-from .metrics import check_target, summary_keys, task_target
+from .metrics import SHARED_HITS, check_target, shared_negatives, summary_keys, task_target
 from .policies import POLICIES, make_plan
 from .store import open_store
 from .tune import GRID
@@ -36,7 +36,8 @@ TARGET_SHARE = 0.95       # without --target-acc: time to 95 % of the best valid
 PRIMING = "numba's cache primed before timing (2 untimed steps of each policy in a throwaway process)"
 TABLE_COLUMNS = ["policy", "status", "knobs", "epochs", "steps", "epoch_s", "train_s", "time_to_target_s",
                  "best_val_acc", "test_at_best_val", "best_val_f1", "best_val_auc", "final_test_acc",
-                 "best_val_mrr", "test_mrr_at_best_val", "best_val_hits@10", "test_hits@10_at_best_val", "bytes_read",
+                 "best_val_mrr", "test_mrr_at_best_val", "best_val_hits@10", "test_hits@10_at_best_val",
+                 *(key for m in SHARED_HITS for key in summary_keys(m)), "bytes_read",
                  "read_per_epoch", "feature_files_per_epoch", "setup_bytes", "resident_bytes", "peak_rss",
                  "cap_enforced", "mixing_warns", "setup_s", "run_dir"]
 
@@ -101,7 +102,8 @@ def time_to(log: pd.DataFrame, target: float, metric="acc"):
 
 
 METRIC_COLUMNS = ("best_val_acc", "test_at_best_val", "best_val_f1", "best_val_auc", "final_test_acc",
-                  "best_val_mrr", "test_mrr_at_best_val", "best_val_hits@10", "test_hits@10_at_best_val")
+                  "best_val_mrr", "test_mrr_at_best_val", "best_val_hits@10", "test_hits@10_at_best_val",
+                  *(key for m in SHARED_HITS for key in summary_keys(m)))   # OGB's shared negatives' only
 
 
 def _row(policy, knobs, note, s, feature_bytes) -> dict:
@@ -134,7 +136,7 @@ def compare(cfg: TrainConfig, policies=DEFAULT_POLICIES, out="runs/compare", tar
     store = open_store(cfg.store, verify=False)
     task = getattr(store, "task", "node")
     cfg = task_target(cfg, task)
-    check_target(cfg.target_metric, store.num_classes, task)
+    check_target(cfg.target_metric, store.num_classes, task, shared_negatives(store))
     able = task_policies(store, policies)
     feature_bytes = store.num_nodes * store.row_stride
     runnable = []

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 import numpy as np
 
 from .errors import UserError
-from .metrics import METRICS
+from .metrics import METRICS, SHARED_HITS
 from .policies import POLICIES, setting
 from .units import parse_size
 
@@ -96,7 +96,8 @@ class TrainConfig:
     target_acc: float = setting(0.0, "report the time to reach this validation accuracy (of --target-metric)")
     target_metric: str = setting("acc", "the validation metric that picks the best evaluation (test at best val), "
                                         "--target-acc and the tuner's choice aim at: acc | f1 (macro-F1) | auc "
-                                        "(ROC-AUC, binary labels only); a link store's: mrr (its default)")
+                                        "(ROC-AUC, binary labels only); a link store's: mrr (its default), or "
+                                        "with OGB's shared negative pairs hits@20 | hits@50 | hits@100")
     decoder: str = setting("dot", "link stores: the edge score of two endpoint embeddings: dot (their dot product) | "
                                   "mlp (OGB's LinkPredictor: an MLP on their elementwise product)")
     negatives: int = setting(100, "link stores: negatives shared by each chunk of a training batch (MariusGNN)")
@@ -168,8 +169,9 @@ class TrainConfig:
             raise UserError(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
         if self.seeds:
             self.seeds = ",".join(map(str, parse_seeds(self.seeds)))
-        if self.target_metric not in METRICS + ("mrr",):        # mrr: link stores (`metrics.check_target`)
-            raise UserError(f"target_metric must be one of {', '.join(METRICS)} or mrr, got {self.target_metric!r}")
+        if self.target_metric not in METRICS + ("mrr", *SHARED_HITS):   # link stores' (`metrics.check_target`)
+            raise UserError(f"target_metric must be one of {', '.join(METRICS + ('mrr', *SHARED_HITS))}, "
+                            f"got {self.target_metric!r}")
         if self.decoder not in DECODERS:
             raise UserError(f"decoder must be one of {', '.join(DECODERS)}, got {self.decoder!r}")
         if min(self.negatives, self.negative_chunks, self.eval_negatives) < 1 or \

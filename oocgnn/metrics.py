@@ -18,7 +18,8 @@ METRICS = ("acc", "f1", "auc")       # --target-metric; log.csv's val_<m> and te
 LINK_METRICS = ("mrr", "hits@1", "hits@3", "hits@10")   # a link store's (`linktask`, OGB's ogbl-citation2 list)
 SHARED_HITS = ("hits@20", "hits@50", "hits@100")   # beside them where OGB gives shared negative pairs: its 'hits@K'
 #                                                    evaluator (ogbl-ddi's K, -collab's, -ppa's; `linkmetrics.SharedHits`)
-NAMES = {"acc": "accuracy", "f1": "macro-F1", "auc": "ROC-AUC", "mrr": "MRR"}
+NAMES = {"acc": "accuracy", "f1": "macro-F1", "auc": "ROC-AUC", "mrr": "MRR",
+         **{m: m.replace("hits", "Hits") for m in LINK_METRICS[1:] + SHARED_HITS}}
 
 
 def confusion(pred, labels, num_classes: int) -> np.ndarray:
@@ -102,20 +103,27 @@ def summary_keys(metric: str) -> tuple:
         (f"best_val_{metric}", f"test_{metric}_at_best_val")
 
 
+def shared_negatives(store) -> bool:
+    """Whether a store's held-out edges are ranked against OGB's shared negative pairs (ogbl-collab, -ppa, -ddi)."""
+    return getattr(store, "task", "node") == "link" and store.meta["link"]["negatives"] == "pairs"
+
+
 def task_target(cfg, task: str):
     """`cfg` with a link store's target metric: MRR where --target-metric was not given (acc, the default, is a
     node store's)."""
-    if task == "link" and cfg.target_metric != "mrr" and "target_metric" not in getattr(cfg, "given", ()):
+    if task == "link" and cfg.target_metric == "acc" and "target_metric" not in getattr(cfg, "given", ()):
         return cfg.replace(target_metric="mrr")
     return cfg
 
 
-def check_target(metric: str, num_classes: int, task: str = "node"):
-    """Refuse --target-metric auc on labels that are not binary, a node metric on a link store and MRR on a
-    node store."""
-    if (metric == "mrr") != (task == "link"):
+def check_target(metric: str, num_classes: int, task: str = "node", shared: bool = False):
+    """Refuse --target-metric auc on labels that are not binary, a node metric on a link store, a link metric on a
+    node store, and OGB's shared-negative Hits@K on a link store without OGB's shared negative pairs (`shared`)."""
+    link = ("mrr", *SHARED_HITS) if shared else ("mrr",)
+    if metric not in (link if task == "link" else METRICS):
         raise UserError(f"--target-metric {metric} does not apply to a {task} store (node stores: "
-                        f"{', '.join(METRICS)}; link stores: mrr)")
+                        f"{', '.join(METRICS)}; link stores: mrr; with OGB's shared negative pairs also "
+                        f"{', '.join(SHARED_HITS)})")
     if metric == "auc" and num_classes != 2:
         raise UserError(f"--target-metric auc needs binary labels; this store has {num_classes} classes "
                         "(use acc or f1)")

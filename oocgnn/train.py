@@ -27,7 +27,7 @@ from .device import cuda_host_memory, resolve_device
 from .disttrain import exchanges, joined, rank_config
 from .errors import UserError
 from .loop import Ranks, run_loop, seed_everything
-from .metrics import check_target, task_target
+from .metrics import check_target, shared_negatives, task_target
 from .mixing import mixing
 from .policies import make_plan
 from .rundir import RunDir, check_same_store, default_run_dir, read_json, resumed_config
@@ -67,7 +67,7 @@ def _train(cfg, run, ranks, t_enter) -> dict:
     if store is not None and store.task == "link":
         from .linktask import check_settings
         cfg = task_target(cfg, store.task)           # the default (acc) of a node store: a link store's is MRR
-        check_target(cfg.target_metric, store.num_classes, store.task)
+        check_target(cfg.target_metric, store.num_classes, store.task, shared_negatives(store))
         check_settings(cfg, store)
     elif store is not None:
         check_target(cfg.target_metric, store.num_classes)

@@ -26,7 +26,7 @@ import pandas as pd
 
 from .costmodel import calibrate, measure_disk, predict
 from .errors import UserError
-from .metrics import LINK_METRICS, METRICS, NAMES, check_target, summary_keys, task_target
+from .metrics import LINK_METRICS, METRICS, NAMES, SHARED_HITS, check_target, shared_negatives, summary_keys, task_target
 from .mixing import mixing
 from .plots import save_figure
 from .policies import POLICIES, make_plan
@@ -37,7 +37,7 @@ from .units import parse_size
 GRID = {name: [dict(k) for k in plan.grid] for name, plan in POLICIES.items()}
 TUNE_FILES = {"tune.json", "ranking.csv", "chosen.json", "predicted_vs_measured.png", "runs"}   # what it writes
 MEGABATCH_KEEP = 3      # mega-batch policies: only the largest N_d that fit (more parts per mega-batch mix better)
-RESULTS = ["measured_s", "ratio", *(key for m in METRICS + LINK_METRICS for key in summary_keys(m)),
+RESULTS = ["measured_s", "ratio", *(key for m in METRICS + LINK_METRICS + SHARED_HITS for key in summary_keys(m)),
            "time_to_target_s"]    # measured (a run has its task's metrics: NaN for the others)
 
 
@@ -163,7 +163,7 @@ def tune(cfg, out, top=3, time_limit=0.0, predict_steps=None, policies=None, cac
         raise UserError(f"{out} holds other files ({', '.join(others[:3])}); give --out a new or a tune directory")
     store = open_store(cfg.store)
     cfg = task_target(cfg, store.task)             # a link store's: MRR
-    check_target(cfg.target_metric, store.num_classes, store.task)
+    check_target(cfg.target_metric, store.num_classes, store.task, shared_negatives(store))
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     rates = measure_disk(store, cache=cache, refresh=remeasure_disk)

@@ -409,6 +409,11 @@ def test_seeds_aggregate_a_link_store_s_mrr(small_link, tmp_path, capsys):
     assert pd.read_csv(out.with_suffix(".csv"))["task"].eq("link").all()
 
 
+def test_shared_hits_are_no_target_without_ogb_s_shared_negatives(small_link, tmp_path, capsys):
+    assert main(["train", str(small_link.path), "--target-metric", "hits@50", "--out", str(tmp_path / "r")]) == 2
+    assert "with OGB's shared negative pairs also hits@20" in capsys.readouterr().err
+
+
 def test_report_refuses_to_mix_node_and_link_runs(small_link, tiny_store, tmp_path, capsys):
     train(_cfg(small_link, tmp_path, "link", epochs=1))
     train(TrainConfig.create(store=str(tiny_store.path), out=str(tmp_path / "node"), epochs=1, batch_size=512,
@@ -529,3 +534,15 @@ def test_ogb_shared_negative_pairs_are_evaluated_as_ogb_does(tmp_path, capsys, m
     assert s["test_hits@50_at_best_val"] == 1.0             # 20 negatives < 50: OGB counts every positive a hit
     _, loaded, _ = load_run(tmp_path / "run")
     assert "val_hits@20" in loaded and "test_hits@100" in loaded
+    # OGB selects ogbl-collab's model by Hits@50: the target metric may be a shared Hits@K here, and only here
+    assert main(["train", str(store), "--epochs", "3", "--batch-size", "64", "--fanouts", "5,5", "--hidden", "8",
+                 "--negatives", "5", "--negative-chunks", "2", "--out", str(tmp_path / "h20"), "--no-progress",
+                 "--target-metric", "hits@20"]) == 0
+    s = json.loads((tmp_path / "h20" / "summary.json").read_text())
+    log = pd.read_csv(tmp_path / "h20" / "log.csv")
+    best = log["val_hits@20"].idxmax()
+    assert s["target_metric"] == "hits@20" and s["best_val_hits@20"] == log["val_hits@20"][best]
+    assert s["test_mrr_at_best_val"] == pytest.approx(log["test_mrr"][best])
+    capsys.readouterr()
+    assert main(["train", str(tmp_path / "run").replace("run", "store"), "--target-metric", "hits@500"]) == 2
+    assert "hits@500" in capsys.readouterr().err
