@@ -321,10 +321,11 @@ def _cmd_compare(args):
     table, logs, target = compare(cfg, policies, out, target_acc=cfg.target_acc or None, warm=not args.no_warm,
                                   progress=cfg.progress)
     feature_bytes = store.num_nodes * store.row_stride
-    metrics = ["best_val_acc", "test_at_best_val"] + ([] if cfg.target_metric == "acc" else   # what the target is of
-                                                      [f"best_val_{cfg.target_metric}"])
-    if getattr(store, "task", "node") == "link":
-        metrics = [*summary_keys("mrr"), "test_hits@10_at_best_val", *summary_keys(cfg.target_metric)[:cfg.target_metric != "mrr"]]
+    shown_metric, extra = ("mrr", ["test_hits@10_at_best_val"]) if getattr(store, "task", "node") == "link" else \
+        ("acc", [])
+    metrics = [*summary_keys(shown_metric), *extra]
+    if cfg.target_metric != shown_metric:                   # and the best validation value the target is of
+        metrics.append(summary_keys(cfg.target_metric)[0])
     shown = table[["policy", "epoch_s", "time_to_target_s", *metrics,
                    "read_per_epoch", "feature_files_per_epoch", "peak_rss", "status"]].copy()
     for col in ("read_per_epoch", "peak_rss"):
@@ -375,9 +376,8 @@ def _cmd_report(args):
                        if f"val_{m}" in log and log[f"val_{m}"].notna().any())             # AUC: binary labels
         print(f"{run}: {r['policy']}, best val {NAMES[metric]} {log[f'val_{metric}'].max():.4f}{more}{mix}")
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for ax, split in zip(axes, ("validation", "test")):
-        plot_time_to_accuracy(runs, ax, f"{split[:4] if split == 'test' else 'val'}_{metric}",
-                              f"{split} {NAMES[metric]} vs time")
+    for ax, (split, name) in zip(axes, (("val", "validation"), ("test", "test"))):
+        plot_time_to_accuracy(runs, ax, f"{split}_{metric}", f"{name} {NAMES[metric]} vs time")
     save_figure(fig, out.with_suffix(".png"))
     print(f"wrote {out.with_suffix('.csv')} and {out.with_suffix('.png')}")
 

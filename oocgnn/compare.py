@@ -34,10 +34,11 @@ from .units import format_size
 DEFAULT_POLICIES = tuple(POLICIES)      # every registered policy, in its `listed` order
 TARGET_SHARE = 0.95       # without --target-acc: time to 95 % of the best validation metric any policy reached
 PRIMING = "numba's cache primed before timing (2 untimed steps of each policy in a throwaway process)"
+METRIC_COLUMNS = ("best_val_acc", "test_at_best_val", "best_val_f1", "best_val_auc", "final_test_acc",
+                  "best_val_mrr", "test_mrr_at_best_val", "best_val_hits@10", "test_hits@10_at_best_val",
+                  *(key for m in SHARED_HITS for key in summary_keys(m)))   # a run has its task's (the others empty)
 TABLE_COLUMNS = ["policy", "status", "knobs", "epochs", "steps", "epoch_s", "train_s", "time_to_target_s",
-                 "best_val_acc", "test_at_best_val", "best_val_f1", "best_val_auc", "final_test_acc",
-                 "best_val_mrr", "test_mrr_at_best_val", "best_val_hits@10", "test_hits@10_at_best_val",
-                 *(key for m in SHARED_HITS for key in summary_keys(m)), "bytes_read",
+                 *METRIC_COLUMNS, "bytes_read",
                  "read_per_epoch", "feature_files_per_epoch", "setup_bytes", "resident_bytes", "peak_rss",
                  "cap_enforced", "mixing_warns", "setup_s", "run_dir"]
 
@@ -99,11 +100,6 @@ def time_to(log: pd.DataFrame, target: float, metric="acc"):
     """Training seconds at the first evaluation whose validation `metric` reached `target` (None if none)."""
     hit = log[log[f"val_{metric}"] >= target]
     return float(hit["wall_s"].iloc[0]) if len(hit) else None
-
-
-METRIC_COLUMNS = ("best_val_acc", "test_at_best_val", "best_val_f1", "best_val_auc", "final_test_acc",
-                  "best_val_mrr", "test_mrr_at_best_val", "best_val_hits@10", "test_hits@10_at_best_val",
-                  *(key for m in SHARED_HITS for key in summary_keys(m)))   # OGB's shared negatives' only
 
 
 def _row(policy, knobs, note, s, feature_bytes) -> dict:

@@ -35,7 +35,7 @@ from .device import autocast
 from .errors import UserError
 from .evaluation import LayerwiseEval, eval_budget
 from .linkmetrics import TIE_RTOL, RankMetrics, SharedHits, snap_ties
-from .metrics import LINK_METRICS, SHARED_HITS
+from .metrics import LINK_METRICS, SHARED_HITS, shared_negatives
 from .models import build_model, hidden_width
 from .negatives import eval_targets_at
 from .rundir import LINK_LOG_COLUMNS, SHARED_LOG_COLUMNS
@@ -123,7 +123,7 @@ class LinkTask:
 
     def __init__(self, cfg, store, runtime, ranks):
         self.cfg, self.store = cfg, store
-        if store.meta["link"]["negatives"] == "pairs":        # OGB's shared negatives: its Hits@K as well
+        if shared_negatives(store):                            # OGB's shared negatives: its Hits@K as well
             self.metrics, self.columns = LINK_METRICS + SHARED_HITS, LINK_LOG_COLUMNS + SHARED_LOG_COLUMNS
 
     def build_model(self):
@@ -171,7 +171,7 @@ class LinkEvaluation:
     def __init__(self, cfg, plan, runtime, store, device):
         self.cfg, self.runtime, self.device = cfg, runtime, device
         self.tied, self.warned = {}, False       # per split: the share of edges tied with all their negatives
-        self.shared = store.meta["link"]["negatives"] == "pairs"
+        self.shared = shared_negatives(store)
         self.sets = {s: held_out(store, s, cfg.max_eval_nodes, cfg.eval_negatives, cfg.seed + 1)
                      for s in ("val", "test")}
         self.nodes = np.unique(np.concatenate([a.ravel() for pair in self.sets.values() for a in pair]))
@@ -267,13 +267,12 @@ class LinkEvaluation:
                   "bag-of-words features want prepare --row-normalize", file=sys.stderr)
 
     def describe(self) -> dict:
-        lw = self.layerwise
+        lw, negs = self.layerwise, self.sets["val"][1]
         return {"eval_mode": "layerwise" if lw is not None else "batch",
                 "eval_memory": lw.memory() if lw is not None else None,
                 "eval_budget": lw.budget if lw is not None else None,
                 "eval_spilled": lw.spilled if lw is not None else None,
-                "eval_negatives": int(len(next(iter(self.sets.values()))[1]) if self.shared else
-                                      next(iter(self.sets.values()))[1].shape[1]),
+                "eval_negatives": int(len(negs) if self.shared else negs.shape[1]),
                 "eval_shared_negatives": self.shared,
                 "eval_edges": {s: len(e) for s, (e, _) in self.sets.items()}}
 

@@ -8,6 +8,7 @@ from types import SimpleNamespace
 import numpy as np
 import pandas as pd
 
+from .errors import UserError
 from .metrics import METRICS, NAMES, summary_keys
 from .rundir import load_run
 
@@ -19,7 +20,6 @@ LINK_SUMMARY_METRICS = [*summary_keys("mrr"), *summary_keys("hits@10")]  # a lin
 
 def run_task(runs: pd.DataFrame) -> str:
     """'node' or 'link': the task of the runs of `load_runs` (refused when they mix both: their metrics differ)."""
-    from .errors import UserError
     tasks = set(runs["task"])
     if len(tasks) > 1:
         raise UserError("these runs mix node classification and link prediction: report each task's runs apart")

@@ -261,13 +261,19 @@ class HierBatchingPlan(Plan):
         schedules an automatic N_d or r_s tries."""
         return self.schedule.outsiders_by_part
 
+    @cached_property
+    def _top_degrees(self) -> np.ndarray:
+        """int64 [N + 1]: the list entries of the n highest-degree nodes at n, a bound for a negative pool of n
+        (computed once: the N_d and pool searches ask for many n)."""
+        return np.concatenate([[0], np.cumsum(np.sort(self.store.degrees())[::-1])])
+
     def memory(self) -> dict:
         """`Plan.memory`; on a link store a mega-batch's induced subgraph also holds its outsiders' lists (rows
         in `group_rows`; entries at most the N_d largest parts', `EdgeMegabatchSchedule.outsiders_by_part`)."""
         out = super().memory()
         if self.task == "link":
             held = min(self.store.num_edges, self.setup_entries() + self.group_entries())
-            pool = int(np.sort(self.store.degrees())[::-1][:self._pool].sum())
+            pool = int(self._top_degrees[self._pool])
             entries = min(self.store.num_edges, held + int(self._outsiders[1][:self.n_d].sum()) + pool) - held
             out["induced"] += self.subgraphs() * entries * 4
         return out
