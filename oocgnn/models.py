@@ -23,11 +23,13 @@ import torch.nn.functional as F
 
 from .aggregate import BlockTensors, aggregate_with_dst, attention_logits, edge_softmax, weighted_sum
 from .errors import UserError
+from .sparserows import SparseRows
 
 
 class SAGEConv(nn.Module):
     """GraphSAGE's mean aggregator (Hamilton et al. 2017): fc_self(h_dst) + fc_neigh(mean of h_src);
-    projects before aggregating when that narrows the rows (as DGL does). DGL: SAGEConv(..., "mean")."""
+    projects before aggregating when that narrows the rows (as DGL does; mostly-zero rows as a sparse
+    matmul, `oocgnn.sparserows`). DGL: SAGEConv(..., "mean")."""
 
     def __init__(self, in_feats, out_feats):
         super().__init__()
@@ -41,6 +43,10 @@ class SAGEConv(nn.Module):
     def forward(self, block, h):
         """h [num_src, in_feats] -> [num_dst, out_feats]."""
         if self.in_feats > self.out_feats:
+            rows = SparseRows.of(h)                          # bag-of-words input: a sparse matmul
+            if rows is not None:
+                h_neigh, _ = aggregate_with_dst(block, rows.linear(self.fc_neigh.weight), mean=True)
+                return rows.linear(self.fc_self.weight, self.fc_self.bias, block.num_dst) + h_neigh
             h_neigh, _ = aggregate_with_dst(block, self.fc_neigh(h), mean=True)
             h_dst = h[:block.num_dst]
         else:
@@ -74,8 +80,12 @@ class GATConv(nn.Module):
         w_heads = self.fc.weight.view(H, self.out_feats, -1)                    # [H, F, in]
         attn = torch.cat([torch.einsum("hfi,hf->hi", w_heads, self.attn_l[0]),
                           torch.einsum("hfi,hf->hi", w_heads, self.attn_r[0])])  # [2H, in]
-        feat = self.fc(h).view(-1, H, self.out_feats)                           # [num_src, H, F]
-        logits = F.linear(h, attn)                                              # [num_src, 2H]
+        rows = SparseRows.of(h)                                                 # bag-of-words input
+        if rows is not None:
+            feat, logits = rows.linear(self.fc.weight), rows.linear(attn)
+        else:
+            feat, logits = self.fc(h), F.linear(h, attn)
+        feat = feat.view(-1, H, self.out_feats)                 # [num_src, H, F]; logits [num_src, 2H]
         el, er = logits[:, :H], logits[:block.num_dst, H:]                      # [num_src, H], [num_dst, H]
         g = BlockTensors.of(block, h.device)
         e = attention_logits(g, el, er, self.negative_slope)                    # [E, H]
@@ -177,9 +187,11 @@ class MLP(nn.Module):
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, blocks, x):
-        h = x[:blocks[-1].num_dst]
+        n = blocks[-1].num_dst
+        rows = SparseRows.of(x[:n])                                  # bag-of-words input
+        h = x[:n]
         for i, layer in enumerate(self.layers):
-            h = layer(h)
+            h = rows.linear(layer.weight, layer.bias) if i == 0 and rows is not None else layer(h)
             if i < len(self.layers) - 1:
                 h = self.dropout(F.relu(h))
         return h

@@ -55,6 +55,8 @@ SMOKE = {   # toy settings of each benchmark; tmp is a fresh directory
                            "--hb-variants", "static_ratio=0.05;passes=1,pipeline=false",
                            "--epochs", 1, "--batch-size", 256, "--eval-nodes", 100, "--data", tmp],
     "models": lambda tmp: ["--preset", "tiny", "--batches", 2, "--batch-size", 128, "--data", tmp],
+    "sparse_input": lambda tmp: ["--preset", "tiny", "--batches", 2, "--batch-size", 128, "--width", 500,
+                                 "--hidden", 32, "--data", tmp],
     "sampler": lambda tmp: ["--preset", "tiny", "--batches", 3, "--batch-size", 256, "--data", tmp],
     "dense": lambda tmp: ["--preset", "tiny", "--batches", 3, "--batch-size", 128, "--data", tmp],
     "external_sort": lambda tmp: ["--preset", "tiny", "--memory", "1MiB", "--data", tmp],
