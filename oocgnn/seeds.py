@@ -3,7 +3,7 @@
 `train_seeds(cfg, seeds)` trains `cfg` once per seed into `<run dir>/seed<S>` and writes
 `aggregate.json` (per summary metric: mean, std, n and the values) and `aggregate_log.csv` (per
 evaluation index: the seeds' mean and std of wall time, accuracies, macro-F1 and ROC-AUC; on a link store MRR
-and Hits@10) to the run directory.
+and Hits@10, and Hits@20/50/100 where OGB gives shared negative pairs) to the run directory.
 `aggregate_rows` is the same statistic over any table of runs (the sweep table's seeds axis).
 The standard deviation is the sample one (ddof = 1; 0 for a single seed).
 """
@@ -18,15 +18,18 @@ import pandas as pd
 
 from .config import SETTINGS
 from .errors import UserError
+from .metrics import SHARED_HITS, summary_keys
 from .rundir import default_run_dir, load_run, resumed_config
 from .train import train
 
 METRICS = ("best_val_acc", "test_at_best_val", "best_val_f1", "test_f1_at_best_val", "best_val_auc",
            "test_auc_at_best_val", "final_val_acc", "final_test_acc", "train_s", "epoch_s", "time_to_target_s",
            "peak_rss", "best_val_mrr", "test_mrr_at_best_val", "best_val_hits@10", "test_hits@10_at_best_val",
-           "final_val_mrr", "final_test_mrr")            # the last six: a link store's (`linktask`)
+           "final_val_mrr", "final_test_mrr",               # these six: a link store's (`linktask`)
+           *(key for m in SHARED_HITS for key in summary_keys(m)))   # a store with OGB's shared negative pairs
 CURVE = ("wall_s", "val_acc", "test_acc", "val_f1", "test_f1", "val_auc", "test_auc", "val_mrr", "test_mrr",
-         "val_hits@10", "test_hits@10", "train_loss")
+         "val_hits@10", "test_hits@10", *(f"{split}_{m}" for m in SHARED_HITS for split in ("val", "test")),
+         "train_loss")
 
 
 def mean_std(values) -> dict:

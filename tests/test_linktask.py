@@ -546,3 +546,14 @@ def test_ogb_shared_negative_pairs_are_evaluated_as_ogb_does(tmp_path, capsys, m
     capsys.readouterr()
     assert main(["train", str(tmp_path / "run").replace("run", "store"), "--target-metric", "hits@500"]) == 2
     assert "hits@500" in capsys.readouterr().err
+    # --seeds aggregates them too
+    assert main(["train", str(store), "--epochs", "2", "--batch-size", "64", "--fanouts", "5,5", "--hidden", "8",
+                 "--negatives", "5", "--negative-chunks", "2", "--out", str(tmp_path / "seeds"), "--no-progress",
+                 "--seeds", "0,1"]) == 0
+    agg = json.loads((tmp_path / "seeds" / "aggregate.json").read_text())
+    runs = [json.loads((tmp_path / "seeds" / f"seed{i}" / "summary.json").read_text()) for i in (0, 1)]
+    for key in ("best_val_hits@20", "test_hits@50_at_best_val", "test_hits@100_at_best_val"):
+        assert agg[key]["values"] == [r[key] for r in runs], key
+    curves = pd.read_csv(tmp_path / "seeds" / "aggregate_log.csv")
+    logs = [pd.read_csv(tmp_path / "seeds" / f"seed{i}" / "log.csv") for i in (0, 1)]
+    assert np.allclose(curves["val_hits@20_mean"], (logs[0]["val_hits@20"] + logs[1]["val_hits@20"]) / 2)
