@@ -185,22 +185,26 @@ def _settings_from(args) -> dict:
     `oocgnn tune`'s chosen.json) when one is given."""
     from .config import POLICY_OPTIONS, SETTINGS
     from .train import RUN_FACTS
+    from .seeds import SEEDS_CONFIG
     given = {k: v for k, v in vars(args).items() if k in SETTINGS and v is not None}
-    if "store" not in given and given.get("resume"):     # a run to resume names its store
+    config = getattr(args, "config", None)
+    if given.get("resume") and not config and (Path(given["resume"]) / SEEDS_CONFIG).is_file():
+        config = str(Path(given["resume"]) / SEEDS_CONFIG)     # a --seeds job resumes with its own settings
+    elif "store" not in given and given.get("resume"):   # a run to resume names its store
         from .rundir import RunDir, read_json
         given["store"] = read_json(RunDir.create(given["resume"], resume=True).path / "config.json").get("store", "")
-    if not getattr(args, "config", None):
+    if not config:
         if "store" not in given:
             raise UserError("give a STORE (or --config FILE.json that names one, or --resume RUN)")
         return given
     try:
-        saved = json.loads(Path(args.config).read_text())
+        saved = json.loads(Path(config).read_text())
     except FileNotFoundError:
-        raise UserError(f"--config {args.config}: no such file") from None
+        raise UserError(f"--config {config}: no such file") from None
     except (OSError, ValueError) as e:
-        raise UserError(f"--config {args.config} is not a JSON config: {e}") from None
+        raise UserError(f"--config {config} is not a JSON config: {e}") from None
     if not isinstance(saved, dict):
-        raise UserError(f"--config {args.config} is not a JSON object of settings")
+        raise UserError(f"--config {config} is not a JSON object of settings")
     for fact in RUN_FACTS:                       # what a run's config.json records beside its settings
         saved.pop(fact, None)
     flat = {}

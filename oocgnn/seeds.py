@@ -27,6 +27,7 @@ METRICS = ("best_val_acc", "test_at_best_val", "best_val_f1", "test_f1_at_best_v
            "peak_rss", "best_val_mrr", "test_mrr_at_best_val", "best_val_hits@10", "test_hits@10_at_best_val",
            "final_val_mrr", "final_test_mrr",               # these six: a link store's (`linktask`)
            *(key for m in SHARED_HITS for key in summary_keys(m)))   # a store with OGB's shared negative pairs
+SEEDS_CONFIG = "seeds_config.json"      # a --seeds job's settings, in its directory
 CURVE = ("wall_s", "val_acc", "test_acc", "val_f1", "test_f1", "val_auc", "test_auc", "val_mrr", "test_mrr",
          "val_hits@10", "test_hits@10", *(f"{split}_{m}" for m in SHARED_HITS for split in ("val", "test")),
          "train_loss")
@@ -78,7 +79,8 @@ def aggregate_rows(rows: pd.DataFrame, metrics=("best_val_acc", "test_at_best_va
 
 def train_seeds(cfg, seeds) -> dict:
     """Train `cfg` once per seed into <run dir>/seed<S>; write and return the aggregate. With `cfg.resume`
-    naming such a directory (a killed `--seeds` job), the seeds that finished are kept, the one killed
+    naming such a directory (a killed `--seeds` job; `oocgnn train --resume DIR` reads its settings from
+    DIR/seeds_config.json), the seeds that finished are kept, the one killed
     resumes from its checkpoint (`--checkpoint-every`) and the others run: the same aggregate as a job
     never interrupted."""
     if cfg.resume:
@@ -90,6 +92,8 @@ def train_seeds(cfg, seeds) -> dict:
         root = Path(cfg.out) if cfg.out else default_run_dir(cfg).with_name(
             default_run_dir(cfg).name.rsplit("-s", 1)[0] + "-seeds" + "_".join(map(str, seeds)))
     root.mkdir(parents=True, exist_ok=True)
+    if not cfg.resume:                                  # what `--resume <root>` alone continues with
+        (root / SEEDS_CONFIG).write_text(json.dumps(cfg.replace(out=str(root)).to_dict(), indent=2))
     summaries = []
     for seed in seeds:
         run, fresh = root / f"seed{seed}", cfg.replace(seed=seed, seeds="", resume="", out=str(root / f"seed{seed}"))

@@ -71,7 +71,8 @@ def test_train_seeds_and_report(tiny_store, tmp_path, capsys):
 def test_a_killed_seeds_job_resumes_to_the_same_aggregate(fennel16, tmp_path, monkeypatch, capsys):
     """`train --seeds 0,1,2` killed in seed 1's 5th step (checkpoints every 3): `--resume` on its directory
     keeps seed 0, resumes seed 1 from its checkpoint and runs seed 2; the per-seed logs and the aggregate
-    equal a job never interrupted. The command line must agree with the runs it continues."""
+    equal a job never interrupted. `--resume DIR` alone continues with the job's settings; a command line
+    that gives settings must agree with the runs it continues."""
     from oocgnn import runtime
     args = ["train", str(fennel16.path), "--epochs", "2", "--batch-size", "64", "--max-eval-nodes", "100",
             "--checkpoint-every", "3", "--seeds", "0,1,2", "--no-progress"]
@@ -93,7 +94,7 @@ def test_a_killed_seeds_job_resumes_to_the_same_aggregate(fennel16, tmp_path, mo
     capsys.readouterr()
     assert main(args + ["--lr", "0.5", "--resume", str(tmp_path / "killed")]) == 2
     assert "differs" in capsys.readouterr().err
-    assert main(args + ["--resume", str(tmp_path / "killed")]) == 0
+    assert main(["train", "--resume", str(tmp_path / "killed"), "--no-progress"]) == 0   # its own settings
     cols = ["epoch", "step", "train_loss", "val_acc", "test_acc"]
     for s in (0, 1, 2):
         pd.testing.assert_frame_equal(pd.read_csv(tmp_path / "killed" / f"seed{s}" / "log.csv")[cols],
