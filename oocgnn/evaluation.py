@@ -13,6 +13,10 @@ and with full neighbourhoods at any batch size (the oracle tests).
 
 Reads: the input rows (layer 0's sources) are read once per evaluation, sorted in store order, in
 chunks of `read_chunk` bytes (`rows(ids)`: coalesced direct reads, outside the run's I/O accounting).
+Where the first layer projects each source row on its own before aggregating (GraphSAGE and GAT on
+features wider than their projection, `models.BlockModel.projection_width`), each chunk of rows is
+projected as it is read and the input table holds the projections: every row multiplied once, not once
+per destination chunk that gathers it, and a table of the projection's width instead of the features'.
 Memory: the blocks (kept across evaluations: the neighbourhoods do not change), the input rows and
 each layer's embeddings; a table that does not fit what `budget` leaves is spilled to an unnamed
 temporary file (in $TMPDIR; gone with the process, even a killed one). A layer call's working memory
@@ -196,21 +200,28 @@ class LayerwiseEval:
         mem = self.memory()
         left = self.budget - mem["blocks"] - mem["read_chunk"] - mem["layer_call"]
         self.spilled = []
-        table = self._table(self.input_ids, self.feat_dim, left, "input_rows")
+        projected = model.projection_width(0) if hasattr(model, "projection_width") else 0
+        table = self._table(self.input_ids, projected or self.feat_dim, left, "input_rows")
         left -= table.nbytes if table.in_ram else 0
         step = max(1, self.read_chunk // (self.feat_dim * 4))
-        for lo in range(0, len(self.input_ids), step):     # each input row read once, in store order
-            table.write(lo, self.rows(self.input_ids[lo:lo + step]))
         was = model.training
         model.eval()
         try:
             with torch.no_grad():
+                for lo in range(0, len(self.input_ids), step):     # each input row read once, in store order
+                    rows = self.rows(self.input_ids[lo:lo + step])
+                    if projected:                                  # and projected once
+                        with autocast(device, precision):
+                            rows = model.project(0, rows.to(device))
+                        rows = rows.float().cpu()
+                    table.write(lo, rows)
                 for i, (dst, chunks) in enumerate(self.layers):
                     out = None
                     for lo, block, pos in chunks:
                         h = table.take(pos).to(device)
                         with autocast(device, precision):
-                            y = model.layer(i, block, h)
+                            y = model.layer_from_projection(i, block, h) if i == 0 and projected else \
+                                model.layer(i, block, h)
                         y = y.float().reshape(len(y), -1).cpu()
                         if out is None:
                             out = self._table(dst, y.shape[1], left, f"layer{i + 1}")

@@ -79,8 +79,8 @@ class MLPDecoder(nn.Module):
 
 
 class LinkModel(nn.Module):
-    """An encoder (a `models` GNN whose output is the embedding) and an edge decoder; `forward` and `layer`
-    are the encoder's, so the loop, histories and layer-wise evaluation run it as any model."""
+    """An encoder (a `models` GNN whose output is the embedding) and an edge decoder; `forward`, `layer` and
+    the projection of `layer`'s input rows are the encoder's, so the loop, histories and layer-wise evaluation run it as any model."""
 
     def __init__(self, encoder, decoder):
         super().__init__()
@@ -91,6 +91,15 @@ class LinkModel(nn.Module):
 
     def layer(self, i, block, h):
         return self.encoder.layer(i, block, h)
+
+    def projection_width(self, i) -> int:
+        return self.encoder.projection_width(i)
+
+    def project(self, i, h):
+        return self.encoder.project(i, h)
+
+    def layer_from_projection(self, i, block, p):
+        return self.encoder.layer_from_projection(i, block, p)
 
 
 def build_link_model(cfg, feat_dim) -> LinkModel:

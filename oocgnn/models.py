@@ -40,6 +40,24 @@ class SAGEConv(nn.Module):
         nn.init.xavier_uniform_(self.fc_self.weight, gain=gain)
         nn.init.xavier_uniform_(self.fc_neigh.weight, gain=gain)
 
+    @property
+    def projection_width(self) -> int:
+        """Width of `project`'s rows where this layer projects before aggregating, else 0."""
+        return 2 * self.out_feats if self.in_feats > self.out_feats else 0
+
+    def project(self, h):
+        """Each row's fc_neigh(h) | fc_self(h) [n, 2 out_feats]: `from_projection` finishes the layer."""
+        rows = SparseRows.of(h)
+        if rows is not None:
+            return torch.cat([rows.linear(self.fc_neigh.weight), rows.linear(self.fc_self.weight, self.fc_self.bias)], 1)
+        return torch.cat([self.fc_neigh(h), self.fc_self(h)], 1)
+
+    def from_projection(self, block, p):
+        """forward(block, h) from p = project(h) of the block's sources."""
+        o = self.out_feats
+        h_neigh, _ = aggregate_with_dst(block, p[:, :o].contiguous(), mean=True)
+        return p[:block.num_dst, o:] + h_neigh
+
     def forward(self, block, h):
         """h [num_src, in_feats] -> [num_dst, out_feats]."""
         if self.in_feats > self.out_feats:
@@ -73,7 +91,15 @@ class GATConv(nn.Module):
         nn.init.xavier_normal_(self.attn_r, gain=gain)
         nn.init.constant_(self.bias, 0)
 
-    def forward(self, block, h):
+    @property
+    def projection_width(self) -> int:
+        """Width of `project`'s rows (H·F features and 2H attention logits a row) where they are narrower
+        than the input, else 0."""
+        width = self.num_heads * (self.out_feats + 2)
+        return width if width < self.fc.in_features else 0
+
+    def project(self, h):
+        """Each row's W h [n, H·F] and attention logits [n, 2H], side by side: `from_projection` finishes."""
         # a_l·(W h) = (W^T a_l)·h: the attention logits from a [2H, in] matmul (cheaper than DGL's two
         # products over [num_src, H, F] and their backward passes)
         H = self.num_heads
@@ -82,15 +108,21 @@ class GATConv(nn.Module):
                           torch.einsum("hfi,hf->hi", w_heads, self.attn_r[0])])  # [2H, in]
         rows = SparseRows.of(h)                                                 # bag-of-words input
         if rows is not None:
-            feat, logits = rows.linear(self.fc.weight), rows.linear(attn)
-        else:
-            feat, logits = self.fc(h), F.linear(h, attn)
-        feat = feat.view(-1, H, self.out_feats)                 # [num_src, H, F]; logits [num_src, 2H]
-        el, er = logits[:, :H], logits[:block.num_dst, H:]                      # [num_src, H], [num_dst, H]
-        g = BlockTensors.of(block, h.device)
-        e = attention_logits(g, el, er, self.negative_slope)                    # [E, H]
-        out = weighted_sum(g, feat, edge_softmax(g, e))
+            return torch.cat([rows.linear(self.fc.weight), rows.linear(attn)], 1)
+        return torch.cat([self.fc(h), F.linear(h, attn)], 1)
+
+    def from_projection(self, block, p):
+        """forward(block, h) from p = project(h) of the block's sources."""
+        H, HF = self.num_heads, self.num_heads * self.out_feats
+        feat = p[:, :HF].reshape(-1, H, self.out_feats)                         # [num_src, H, F]
+        el, er = p[:, HF:HF + H], p[:block.num_dst, HF + H:]                    # [num_src, H], [num_dst, H]
+        g = BlockTensors.of(block, p.device)
+        e = attention_logits(g, el.contiguous(), er.contiguous(), self.negative_slope)   # [E, H]
+        out = weighted_sum(g, feat.contiguous(), edge_softmax(g, e))
         return out + self.bias.view(1, self.num_heads, self.out_feats)
+
+    def forward(self, block, h):
+        return self.from_projection(block, self.project(h))
 
 
 class GINConv(nn.Module):
@@ -121,6 +153,19 @@ class BlockModel(nn.Module):
             x = self.layer(i, block, x)
         return x
 
+    def projection_width(self, i) -> int:
+        """Width of layer i's per-row projection where the layer projects each source row on its own before
+        aggregating (`project`, then `layer_from_projection`: layer-wise evaluation projects every input row
+        once instead of once per chunk that gathers it), else 0."""
+        return getattr(self.layers[i], "projection_width", 0)
+
+    def project(self, i, h):
+        return self.layers[i].project(h)
+
+    def layer_from_projection(self, i, block, p):
+        """layer(i, block, h) from p = project(i, h) of the block's sources."""
+        return self._activate(i, self.layers[i].from_projection(block, p))
+
 
 class SAGE(BlockModel):
     """GraphSAGE with mean aggregation (Hamilton et al. 2017), as in DGL's example."""
@@ -132,7 +177,9 @@ class SAGE(BlockModel):
         self.dropout = nn.Dropout(dropout)
 
     def layer(self, i, block, h):
-        h = self.layers[i](block, h)
+        return self._activate(i, self.layers[i](block, h))
+
+    def _activate(self, i, h):
         return self.dropout(F.relu(h)) if i < len(self.layers) - 1 else h
 
 
@@ -155,7 +202,9 @@ class GAT(BlockModel):
         self.dropout = nn.Dropout(dropout)
 
     def layer(self, i, block, h):
-        h = self.layers[i](block, h)
+        return self._activate(i, self.layers[i](block, h))
+
+    def _activate(self, i, h):
         return self.dropout(F.elu(h.flatten(1))) if i < len(self.layers) - 1 else h.mean(1)
 
 

@@ -182,3 +182,31 @@ def test_rows_are_permuted_in_place_as_fancy_indexing_would():
         want = rows[perm]
         _permute_rows(rows, perm)
         assert np.array_equal(rows, want)
+
+
+@pytest.mark.parametrize("model_name", ["sage", "gat"])
+def test_a_projecting_first_layer_projects_each_input_row_once(setting, model_name, monkeypatch):
+    """Features wider than the first layer's projection: every input row is projected once as it is read
+    (not once per destination chunk that gathers it), the input table holds the projections, and the
+    logits are those of the layer run on the raw rows chunk by chunk."""
+    store, feats, nodes = setting
+    torch.manual_seed(3)
+    model = build_model(model_name, store.feat_dim, 16, store.num_classes, 2)
+    width = model.projection_width(0)
+    assert 0 < width < store.feat_dim
+    sampler = Sampler(NeighbourLists.resident(store), [6, 4], 5)
+    projected = []
+    project = type(model).project
+
+    def counted(self, i, h):
+        projected.append(len(h))
+        return project(self, i, h)
+    monkeypatch.setattr(type(model), "project", counted)
+    rows = lambda ids: feats[torch.from_numpy(ids)]   # noqa: E731
+    ev = LayerwiseEval(sampler, [6, 4], nodes, store.feat_dim, rows, budget=1 << 30, dst_chunk=200)
+    got = ev.logits(model)
+    assert sum(projected) == len(ev.input_ids) and len(ev.layers[0][1]) > 1
+    monkeypatch.setattr(type(model), "projection_width", lambda self, i: 0)     # the layer on raw rows
+    raw = LayerwiseEval(sampler, [6, 4], nodes, store.feat_dim, rows, budget=1 << 30, dst_chunk=200).logits(model)
+    torch.testing.assert_close(got, raw, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got, _per_batch_logits(model, sampler, feats, nodes, len(nodes)), rtol=1e-4, atol=1e-4)
