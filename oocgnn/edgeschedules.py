@@ -170,8 +170,8 @@ class EdgeMegabatchSchedule(_GroupedEdges, MegabatchSchedule):
     parts of different mega-batches together, so an edge between two of them whose endpoints are both
     non-static has no mega-batch holding both: it trains in its source's, with its destination an *outsider*
     of that mega-batch. A mega-batch's outsiders X are read with it (the first step's `enter_ids`, one coalesced
-    gather after its parts' sequential reads, dropped with it) and are visible there (their lists are resident:
-    the plan keeps the topology in memory on a link store); its visible set is T ∪ (N(T) ∩ P) ∪ X, so its other
+    gather after its parts' sequential reads, dropped with it) and are visible there (on a disk topology their
+    lists are read with them, one gather after the parts' lists); its visible set is T ∪ (N(T) ∩ P) ∪ X, so its other
     batches may sample them too. Reading X per mega-batch rather than per batch that samples it keeps the
     reads near the parts' (with p passes, every batch would read its outsiders anew). A batch's uniform negatives
     are drawn among the mega-batch's *negative pool*: `negative_pool` nodes drawn uniformly over the graph for each

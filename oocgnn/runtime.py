@@ -7,7 +7,8 @@ setup rows and lists are read before the run; entering ranges are loaded by a lo
 two buffers, in a background thread while training runs on the other when the plan pipelines
 (HierBatching §3.3), and the loader also builds the subgraph that sampling inside them needs;
 scattered ranges (HB−) are one coalesced gather, and so are a step's scattered entering rows (its `enter_ids`:
-a link mega-batch's outsiders), placed after its ranges' in the same buffer.
+a link mega-batch's outsiders), placed after its ranges' in the same buffer (on a disk topology their
+lists too, after the ranges' lists).
 Plans that read through the OS page cache run under `PageCacheCap`; the others bound their own
 resident bytes (`OwnBudget`). The history stage (`oocgnn.history`) decides which input rows a
 batch needs and finishes its forward pass. Plans that sample ahead (Ginex, BatchGNN) get their
@@ -135,16 +136,19 @@ class RangeLoader:
         if "features" in step.data and len(step.enter_ids):  # scattered rows after them: one coalesced gather
             pos = base + sum(hi - lo for lo, hi in step.enter_ranges)
             rows[pos:pos + len(step.enter_ids)] = _tensor(reader.read_rows(step.enter_ids))
-        if "adjacency" in step.data:
-            rt.topology.read_ranges(step.enter_ranges, entry_base, self.lists_reader)
+        ids_base = entry_base
+        if "adjacency" in step.data:                       # the ranges' lists, then the scattered ids' (one gather)
+            ids_base += rt.topology.read_ranges(step.enter_ranges, entry_base, self.lists_reader)
+            rt.topology.read_ids(step.enter_ids, ids_base, self.lists_reader)
         seconds, t = time.perf_counter() - t, time.perf_counter()
         rt._time("load_cpu", time.thread_time() - c)          # the processor's share (the cost model's)
         c = time.thread_time()
         io = tuple(a - b for a, b in zip(self.io(), io0))
         induced = None
         if step.visible is not None:
-            spans = rt.topology.group_spans(step.visible, step.enter_ranges if "adjacency" in step.data else [],
-                                            entry_base)
+            lists = "adjacency" in step.data
+            spans = rt.topology.group_spans(step.visible, step.enter_ranges if lists else [], entry_base,
+                                            step.enter_ids if lists else (), ids_base)
             induced = induced_csc(rt.topology, step.visible, spans)
         rt._time("subgraph", time.perf_counter() - t)
         rt._time("subgraph_cpu", time.thread_time() - c)
@@ -253,9 +257,6 @@ class Runtime:
     def before(self, step, next_load):
         """Apply the step's residency change before its batch is sampled; `next_load` (the next step
         that loads ranges, or None) starts loading in the background when the plan pipelines."""
-        if (len(step.enter_ids) or len(step.leave_ids)) and step.data != ("features",):
-            raise UserError("plans declare scattered resident lists in setup(); steps move ranges (and scattered "
-                            "feature rows)")
         if "buckets" in step.data:                    # a partition buffer: it loads what the state lacks
             return self.loader.before(step, next_load)
         if not (step.enter_ranges or len(step.enter_ids)) or not step.data:
@@ -266,6 +267,7 @@ class Runtime:
             self.cached.drop(step.leave_ids)
         if "adjacency" in step.data:
             self.topology.drop_ranges(step.leave_ranges)  # the setup's lists stay
+            self.topology.drop_ids(step.leave_ids)
         base, entry_base = self.loader.load(step, next_load)
         if "features" in step.data:
             ranged = _ids_of_ranges(step.enter_ranges)
@@ -275,6 +277,8 @@ class Runtime:
                 self.cached.point(ids, 0)
         if "adjacency" in step.data:
             self.topology.point_ranges(step.enter_ranges, entry_base)
+            ranged = sum(int(self.topology.indptr[hi] - self.topology.indptr[lo]) for lo, hi in step.enter_ranges)
+            self.topology.point_ids(step.enter_ids, entry_base + ranged)   # scattered lists after the ranges'
 
     def walk(self, steps, sample, before, start=0):
         """(i, epoch, batch, step, sample) of the run's steps from `start` (`sampler.sampled_steps`, with

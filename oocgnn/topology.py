@@ -82,7 +82,8 @@ class NeighbourLists:
     index entries (`read_spans`: lists whose pages touch coalesce, many requests in flight; counted
     in `stats` apart from feature reads). What is resident is decided outside, as for features: a
     memory topology loads every list at setup (`offset` then is indptr itself); a disk topology holds
-    a plan's setup lists and the ranges its steps bring in (`read_ranges`/`point_ranges`/`drop_ranges`).
+    a plan's setup lists and the ranges and scattered ids its steps bring in (`read_ranges`/`point_ranges`/
+    `drop_ranges`, `read_ids`/`point_ids`/`drop_ids`).
     """
 
     def __init__(self, store, capacity=None, reader=None):
@@ -164,6 +165,31 @@ class NeighbourLists:
                 self.offset[lo:hi] = -1
             self.offset[self.fixed[0]] = self.fixed[1]
 
+    def read_ids(self, ids, base, reader=None) -> int:
+        """Read the lists of scattered sorted `ids` (one coalesced gather, through `reader`: default this
+        source's) into buf[base:], for a step (`point_ids` then points at them); returns the entries written."""
+        ids = np.asarray(ids, dtype=np.int64)
+        n = int(self.degree(ids).sum())
+        if n:
+            self.buf[base:base + n] = self._read(ids, reader)
+        return n
+
+    def id_offsets(self, ids, base):
+        """(ids, offsets) the lists of sorted `ids` get when read at `base` (what `point_ids` sets)."""
+        ids = np.asarray(ids, dtype=np.int64)
+        return ids, base + _exclusive_cumsum(self.degree(ids)) if len(ids) else ids
+
+    def point_ids(self, ids, base):
+        if not self.all_resident and len(ids):
+            ids, offsets = self.id_offsets(ids, base)
+            self.offset[ids] = offsets
+
+    def drop_ids(self, ids):
+        """Drop the lists of scattered `ids` a step brought, but those resident for the run."""
+        if not self.all_resident and len(ids):
+            self.offset[np.asarray(ids, dtype=np.int64)] = -1
+            self.offset[self.fixed[0]] = self.fixed[1]
+
     def place_ids(self, ids, base) -> int:
         """Read the lists of scattered sorted `ids` (one coalesced gather) into buf[base:], resident for
         the run (`fixed`: steps dropping ranges never drop them); returns the entries written."""
@@ -181,9 +207,9 @@ class NeighbourLists:
         self.read_ranges([(0, self.num_nodes)], 0)
         self.offset, self.all_resident = self.indptr[:-1], True
 
-    def _read(self, nodes) -> np.ndarray:
+    def _read(self, nodes, reader=None) -> np.ndarray:
         """The lists of `nodes`, concatenated in that order, read from indices.bin in one call."""
-        return self._checked(self.reader.read_spans(self.indptr[nodes], self.indptr[nodes + 1])[:, 0])
+        return self._checked((reader or self.reader).read_spans(self.indptr[nodes], self.indptr[nodes + 1])[:, 0])
 
     def _checked(self, ids, at=None):
         """`ids` as read, refused if one is not a node (a store damaged after it was opened must not
@@ -195,15 +221,17 @@ class NeighbourLists:
         return ids
 
     # -- what the sampler asks ------------------------------------------------------------------
-    def group_spans(self, nodes, ranges, base):
-        """spans(nodes) as they will be once `ranges` (read at `base`) are pointed at: what a loader
-        building the next group's subgraph sees before the main thread points them."""
+    def group_spans(self, nodes, ranges, base, ids=(), ids_base=0):
+        """spans(nodes) as they will be once `ranges` (read at `base`) and scattered `ids` (read at
+        `ids_base`) are pointed at: what a loader building the next group's subgraph sees before the main
+        thread points them."""
         if self.all_resident:
             return self.spans(nodes)
         starts = np.full(len(nodes), -1, np.int64)
-        for ids, offsets in (self.fixed, self.range_offsets(ranges, base)):   # the group's copy wins
-            pos = np.minimum(np.searchsorted(ids, nodes), max(len(ids) - 1, 0))
-            inside = (ids[pos] == nodes) if len(ids) else np.zeros(len(nodes), bool)
+        for held, offsets in (self.fixed, self.range_offsets(ranges, base),
+                              self.id_offsets(ids, ids_base)):      # the group's copy wins
+            pos = np.minimum(np.searchsorted(held, nodes), max(len(held) - 1, 0))
+            inside = (held[pos] == nodes) if len(held) else np.zeros(len(nodes), bool)
             starts[inside] = offsets[pos[inside]]
         if ((starts < 0) & (self.degree(nodes) > 0)).any():
             raise ValueError("a visible node's list is neither in the group nor resident")

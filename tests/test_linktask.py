@@ -147,7 +147,6 @@ def test_held_out_edges_never_reach_a_sampled_block(small_link):
 @pytest.mark.parametrize("settings, message", [
     ({"policy": "outre"}, "policies that do: inmemory, mmap, hierbatching, ginex, macrobatch, marius, packed$"),
     ({"policy": "composed"}, "policy composed does not train on link stores yet"),
-    ({"policy": "hierbatching", "topology": "disk"}, "hierbatching on a link store keeps the topology in memory"),
     ({"target_metric": "acc"}, "does not apply to a link store"),
     ({"accumulate": "on"}, "a link store's batches are edges"),
 ])
@@ -336,6 +335,7 @@ def test_hierbatching_negative_pools_are_uniform_over_the_graph(link16):
 LINK_RUNS = {
     "hierbatching": {**HB, "passes": 2.0},
     "hierbatching-pool": {**HB, "negative_pool": 300},
+    "hierbatching-disk": {**HB, "negative_pool": 300, "topology": "disk"},
     "hierbatching-sync": {"policy": "hierbatching", "parts_per_megabatch": 3, "static_ratio": 0.0, "passes": 1.5,
                           "pipeline": False, "memory_budget": "8MB"},
     "ginex": {"policy": "ginex", "superbatch": 2, "memory_budget": "3500KB"},
@@ -371,6 +371,21 @@ def test_link_policies_read_what_simulate_counts(link16, tmp_path, name):
             indptr, indices = runtime.sampler._subgraph
             assert plan.subgraphs() * (indptr.nbytes + indices.nbytes) <= induced
     runtime.close()
+
+
+def test_hierbatching_on_a_disk_topology_trains_as_on_a_memory_one(link16, tmp_path):
+    """A link mega-batch on a disk topology reads its parts' lists and then its outsiders' and pool's (one gather):
+    the same samples, so the same losses and MRRs, as with every list in memory (whose run reads no list)."""
+    runs = {}
+    for topology in ("memory", "disk"):
+        cfg = _cfg(link16, tmp_path, topology, epochs=2, batch_size=256, max_eval_nodes=200, threads=1,
+                   negative_pool=300, topology=topology, **HB)
+        assert make_plan(link16, cfg).topology == topology
+        runs[topology] = (train(cfg), pd.read_csv(tmp_path / topology / "log.csv"))
+    (mem, mem_log), (disk, disk_log) = runs["memory"], runs["disk"]
+    cols = ["epoch", "step", "train_loss", "val_mrr", "test_mrr"]
+    pd.testing.assert_frame_equal(mem_log[cols], disk_log[cols])
+    assert disk["topology"] == "disk" and disk["topology_io"]["rows"] > 0 and mem["topology_io"]["rows"] == 0
 
 
 @pytest.mark.parametrize("settings", [{"policy": "hierbatching", "parts_per_megabatch": 4, "static_ratio": 0.05},

@@ -62,8 +62,8 @@ class HierBatchingPlan(Plan):
     On a disk topology a mega-batch's lists load with its features (sequential reads of its parts'
     slices of indices.bin) and the static nodes' lists stay with theirs.
     On a link store the examples are the training edges, each in one mega-batch a pass
-    (`edgeschedules.EdgeMegabatchSchedule`); the topology is in memory there (an edge between two mega-batches
-    samples its destination's list in its source's)."""
+    (`edgeschedules.EdgeMegabatchSchedule`); a mega-batch's outsiders and negative pool come with it, their
+    lists too on a disk topology (one gather after the parts' sequential reads)."""
     listed = 2
     name, source, induces = "hierbatching", "HierBatching Alg. 1", True
     tasks = ("node", "link")     # link: an edge trains in the mega-batch holding its endpoints (or its source's)
@@ -119,9 +119,6 @@ class HierBatchingPlan(Plan):
             raise UserError("--negative-pool draws a link store's negatives; this is a node store (no negatives)")
         self._pool = 0 if self.task != "link" else min(store.num_nodes, cfg.negatives * cfg.negative_chunks) \
             if pool == "auto" else min(store.num_nodes, pool)
-        if self.task == "link" and cfg.topology == "disk":
-            raise UserError("hierbatching on a link store keeps the topology in memory (an edge between two "
-                            "mega-batches samples its destination's list in its source's): use --topology memory or auto")
         parts = int(o.regroup.partition(":")[2]) if o.regroup else store.num_parts
         if parts < max(2, o.parts_per_megabatch):
             raise UserError(f"{self.name} needs a partitioned store with at least "
@@ -194,12 +191,12 @@ class HierBatchingPlan(Plan):
         given."""
         if self.cfg.topology != "auto":
             return (self.topology,)
-        return ("memory",) if self.task == "link" else ("memory", "disk")
+        return ("memory", "disk")
 
     def _choose_topology(self):
         """auto: memory if the plan fits so, else disk (an automatic N_d chose its topology already; a link
         store's stays in memory, and `check_budget` says what the budget lacks)."""
-        if (not self.options.parts_per_megabatch and self.cfg.topology == "auto") or self.task == "link":
+        if not self.options.parts_per_megabatch and self.cfg.topology == "auto":
             return
         super()._choose_topology()
 
@@ -253,7 +250,12 @@ class HierBatchingPlan(Plan):
         return rows
 
     def group_entries(self):
-        return self._largest(self._parts()[1], self.n_d)
+        """The N_d largest parts' list entries; on a link store with a disk topology also the lists of the most
+        outsiders such parts may bring and of the pool's highest-degree nodes (read with the mega-batch)."""
+        entries = self._largest(self._parts()[1], self.n_d)
+        if self.task == "link" and self.topology == "disk":
+            entries += int(self._outsiders[1][:self.n_d].sum()) + int(self._top_degrees[self._pool])
+        return min(entries, self.store.num_edges)
 
     @cached_property
     def _outsiders(self):
@@ -271,7 +273,7 @@ class HierBatchingPlan(Plan):
         """`Plan.memory`; on a link store a mega-batch's induced subgraph also holds its outsiders' lists (rows
         in `group_rows`; entries at most the N_d largest parts', `EdgeMegabatchSchedule.outsiders_by_part`)."""
         out = super().memory()
-        if self.task == "link":
+        if self.task == "link" and self.topology == "memory":     # on disk, `group_entries` has them
             held = min(self.store.num_edges, self.setup_entries() + self.group_entries())
             pool = int(self._top_degrees[self._pool])
             entries = min(self.store.num_edges, held + int(self._outsiders[1][:self.n_d].sum()) + pool) - held
