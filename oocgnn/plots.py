@@ -9,13 +9,14 @@ import numpy as np
 import pandas as pd
 
 from .errors import UserError
-from .metrics import METRICS, NAMES, summary_keys
+from .metrics import METRICS, NAMES, SHARED_HITS, summary_keys
 from .rundir import load_run
 
 
 MIXING_COLUMNS = {"parts_mean": "mixing_parts", "tv_mean": "mixing_tv_mean", "tv_max": "mixing_tv_max"}
 SUMMARY_METRICS = [key for m in METRICS for key in summary_keys(m)]   # best_val_acc, test_at_best_val, ...
-LINK_SUMMARY_METRICS = [*summary_keys("mrr"), *summary_keys("hits@10")]  # a link run's (`linktask`)
+LINK_METRICS = ("mrr", "hits@10", *SHARED_HITS)    # a link run's (`linktask`; Hits@20/50/100 with OGB's shared pairs)
+LINK_SUMMARY_METRICS = [key for m in LINK_METRICS for key in summary_keys(m)]
 
 
 def run_task(runs: pd.DataFrame) -> str:
@@ -53,10 +54,11 @@ def load_runs(run_dirs) -> pd.DataFrame:
 
 def seed_table(runs: pd.DataFrame) -> pd.DataFrame:
     """One row per group of `load_runs`: its policy, seeds, accuracies, macro-F1 and (binary labels)
-    ROC-AUC as mean ± std over them; for link runs MRR and Hits@10."""
+    ROC-AUC as mean ± std over them; for link runs MRR and Hits@10 (and Hits@20/50/100 where OGB's shared
+    negative pairs ranked them)."""
     from .seeds import format_mean_std, mean_std  # torch: imported when used, not with this module
     link = "task" in runs and run_task(runs) == "link"
-    metrics, final = (("mrr", "hits@10"), "test_mrr") if link else (METRICS, "test_acc")
+    metrics, final = (LINK_METRICS, "test_mrr") if link else (METRICS, "test_acc")
     rows = []
     for group, g in runs.groupby("group" if "group" in runs else "run", sort=False):
         last = g.groupby("run", sort=False).tail(1)        # one row per run: its summary's values

@@ -421,6 +421,7 @@ def test_seeds_aggregate_a_link_store_s_mrr(small_link, tmp_path, capsys):
     printed = capsys.readouterr().out
     assert f"best val MRR {logs[0]['val_mrr'].max():.4f}" in printed and "test_mrr_at_best_val" in printed
     assert f"{100 * np.mean(mrr):.1f} ± " in printed and out.with_suffix(".png").stat().st_size > 1000
+    assert "hits@50" not in printed                         # OGB's shared pairs' Hits@K only where they exist
     assert pd.read_csv(out.with_suffix(".csv"))["task"].eq("link").all()
 
 
@@ -572,3 +573,6 @@ def test_ogb_shared_negative_pairs_are_evaluated_as_ogb_does(tmp_path, capsys, m
     curves = pd.read_csv(tmp_path / "seeds" / "aggregate_log.csv")
     logs = [pd.read_csv(tmp_path / "seeds" / f"seed{i}" / "log.csv") for i in (0, 1)]
     assert np.allclose(curves["val_hits@20_mean"], (logs[0]["val_hits@20"] + logs[1]["val_hits@20"]) / 2)
+    capsys.readouterr()
+    assert main(["report", str(tmp_path / "seeds"), "--out", str(tmp_path / "fig" / "r")]) == 0   # and report
+    assert "test_hits@50_at_best_val" in capsys.readouterr().out
