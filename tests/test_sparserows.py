@@ -112,3 +112,30 @@ def test_models_on_bag_of_words_equal_the_dense_product(model, blocks, spy, monk
     torch.testing.assert_close(sparse_y, dense_y, rtol=1e-5, atol=1e-5)
     for k in dense_g:
         torch.testing.assert_close(sparse_g[k], dense_g[k], rtol=1e-4, atol=1e-4, msg=f"gradient of {k}")
+
+
+def test_evaluation_keeps_a_weight_s_transpose_until_the_weight_changes():
+    """Without gradients a parameter's transpose is made once, and made again once the parameter changes (an
+    optimizer step, a loaded state); with gradients it is made every call (the product's backward needs it)."""
+    layer = torch.nn.Linear(300, 16)
+    rows = SparseRows.of(bag_of_words(50, 300, 0.02))
+    with torch.no_grad():
+        first = sparserows.transposed(layer.weight)
+        assert sparserows.transposed(layer.weight) is first
+        torch.testing.assert_close(rows.linear(layer.weight, layer.bias), layer(rows.head().to_dense()))
+        layer.weight.mul_(2.0)                                   # in place, as an optimizer step
+        again = sparserows.transposed(layer.weight)
+        assert again is not first and torch.equal(again, layer.weight.t())
+        torch.testing.assert_close(rows.linear(layer.weight, layer.bias), layer(rows.head().to_dense()))
+    assert sparserows.transposed(layer.weight) is not again
+    y = rows.linear(layer.weight)
+    y.sum().backward()
+    assert layer.weight.grad is not None and torch.equal(layer.weight.grad, rows.head().to_dense().sum(0).expand(16, -1))
+    with torch.no_grad():
+        sparserows.transposed(layer.weight)
+    key = id(layer.weight)
+    assert key in sparserows._TRANSPOSED
+    del layer, y                                                 # (y's graph holds the weight too)
+    import gc
+    gc.collect()
+    assert key not in sparserows._TRANSPOSED                   # kept no longer than the parameter
