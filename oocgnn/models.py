@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 from .aggregate import BlockTensors, aggregate_with_dst, attention_logits, edge_softmax, weighted_sum
 from .errors import UserError
-from .sparserows import SparseRows
+from .sparserows import SparseRows, input_linear
 
 
 class SAGEConv(nn.Module):
@@ -48,9 +48,8 @@ class SAGEConv(nn.Module):
     def project(self, h):
         """Each row's fc_neigh(h) | fc_self(h) [n, 2 out_feats]: `from_projection` finishes the layer."""
         rows = SparseRows.of(h)
-        if rows is not None:
-            return torch.cat([rows.linear(self.fc_neigh.weight), rows.linear(self.fc_self.weight, self.fc_self.bias)], 1)
-        return torch.cat([self.fc_neigh(h), self.fc_self(h)], 1)
+        return torch.cat([input_linear(h, rows, self.fc_neigh.weight),
+                          input_linear(h, rows, self.fc_self.weight, self.fc_self.bias)], 1)
 
     def from_projection(self, block, p):
         """forward(block, h) from p = project(h) of the block's sources."""
@@ -62,15 +61,10 @@ class SAGEConv(nn.Module):
         """h [num_src, in_feats] -> [num_dst, out_feats]."""
         if self.in_feats > self.out_feats:
             rows = SparseRows.of(h)                          # bag-of-words input: a sparse matmul
-            if rows is not None:
-                h_neigh, _ = aggregate_with_dst(block, rows.linear(self.fc_neigh.weight), mean=True)
-                return rows.linear(self.fc_self.weight, self.fc_self.bias, block.num_dst) + h_neigh
-            h_neigh, _ = aggregate_with_dst(block, self.fc_neigh(h), mean=True)
-            h_dst = h[:block.num_dst]
-        else:
-            h_neigh, h_dst = aggregate_with_dst(block, h, mean=True)
-            h_neigh = self.fc_neigh(h_neigh)
-        return self.fc_self(h_dst) + h_neigh
+            h_neigh, _ = aggregate_with_dst(block, input_linear(h, rows, self.fc_neigh.weight), mean=True)
+            return input_linear(h, rows, self.fc_self.weight, self.fc_self.bias, block.num_dst) + h_neigh
+        h_neigh, h_dst = aggregate_with_dst(block, h, mean=True)
+        return self.fc_self(h_dst) + self.fc_neigh(h_neigh)
 
 
 class GATConv(nn.Module):
@@ -98,8 +92,8 @@ class GATConv(nn.Module):
         width = self.num_heads * (self.out_feats + 2)
         return width if width < self.fc.in_features else 0
 
-    def project(self, h):
-        """Each row's W h [n, H·F] and attention logits [n, 2H], side by side: `from_projection` finishes."""
+    def _project(self, h):
+        """(W h [n, H·F], attention logits [n, 2H]) of each row."""
         # a_l·(W h) = (W^T a_l)·h: the attention logits from a [2H, in] matmul (cheaper than DGL's two
         # products over [num_src, H, F] and their backward passes)
         H = self.num_heads
@@ -107,22 +101,29 @@ class GATConv(nn.Module):
         attn = torch.cat([torch.einsum("hfi,hf->hi", w_heads, self.attn_l[0]),
                           torch.einsum("hfi,hf->hi", w_heads, self.attn_r[0])])  # [2H, in]
         rows = SparseRows.of(h)                                                 # bag-of-words input
-        if rows is not None:
-            return torch.cat([rows.linear(self.fc.weight), rows.linear(attn)], 1)
-        return torch.cat([self.fc(h), F.linear(h, attn)], 1)
+        return input_linear(h, rows, self.fc.weight), input_linear(h, rows, attn)
+
+    def _finish(self, block, feat, logits):
+        """The layer from its sources' W h (contiguous) and attention logits."""
+        H = self.num_heads
+        feat = feat.view(-1, H, self.out_feats)                                 # [num_src, H, F]
+        el, er = logits[:, :H], logits[:block.num_dst, H:]                      # [num_src, H], [num_dst, H]
+        g = BlockTensors.of(block, feat.device)
+        e = attention_logits(g, el, er, self.negative_slope)                    # [E, H]
+        out = weighted_sum(g, feat, edge_softmax(g, e))
+        return out + self.bias.view(1, self.num_heads, self.out_feats)
+
+    def project(self, h):
+        """Each row's W h [n, H·F] and attention logits [n, 2H], side by side: `from_projection` finishes."""
+        return torch.cat(self._project(h), 1)
 
     def from_projection(self, block, p):
         """forward(block, h) from p = project(h) of the block's sources."""
-        H, HF = self.num_heads, self.num_heads * self.out_feats
-        feat = p[:, :HF].reshape(-1, H, self.out_feats)                         # [num_src, H, F]
-        el, er = p[:, HF:HF + H], p[:block.num_dst, HF + H:]                    # [num_src, H], [num_dst, H]
-        g = BlockTensors.of(block, p.device)
-        e = attention_logits(g, el.contiguous(), er.contiguous(), self.negative_slope)   # [E, H]
-        out = weighted_sum(g, feat.contiguous(), edge_softmax(g, e))
-        return out + self.bias.view(1, self.num_heads, self.out_feats)
+        HF = self.num_heads * self.out_feats
+        return self._finish(block, p[:, :HF].contiguous(), p[:, HF:])
 
     def forward(self, block, h):
-        return self.from_projection(block, self.project(h))
+        return self._finish(block, *self._project(h))
 
 
 class GINConv(nn.Module):
@@ -236,11 +237,10 @@ class MLP(nn.Module):
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, blocks, x):
-        n = blocks[-1].num_dst
-        rows = SparseRows.of(x[:n])                                  # bag-of-words input
-        h = x[:n]
+        h = x[:blocks[-1].num_dst]
+        rows = SparseRows.of(h)                                      # bag-of-words input
         for i, layer in enumerate(self.layers):
-            h = rows.linear(layer.weight, layer.bias) if i == 0 and rows is not None else layer(h)
+            h = input_linear(h, rows, layer.weight, layer.bias) if i == 0 else layer(h)
             if i < len(self.layers) - 1:
                 h = self.dropout(F.relu(h))
         return h

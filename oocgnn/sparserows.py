@@ -20,6 +20,7 @@ import weakref
 import numba
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 SPARSE_BELOW = 0.1        # density (non-zeros / entries) under which rows go sparse
 _PROBE_ROWS = 256         # leading rows counted first, to turn dense rows away cheaply
@@ -41,6 +42,13 @@ def transposed(weight) -> torch.Tensor:
     wt = weight.detach().t().contiguous()
     _TRANSPOSED[key] = (weakref.ref(weight), weight._version, wt)
     return wt
+
+
+def input_linear(h, rows, weight, bias=None, n=None) -> torch.Tensor:
+    """F.linear(h[:n], weight, bias), through `rows` (`SparseRows.of(h)`: h as CSR, or None) where it is one."""
+    if rows is not None:
+        return rows.linear(weight, bias, n)
+    return F.linear(h if n is None else h[:n], weight, bias)
 
 
 @numba.njit(cache=True, nogil=True)
