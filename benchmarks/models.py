@@ -34,6 +34,28 @@ def timed(fn, items):
     return _shared.timed(lambda i, item: fn(item), items)
 
 
+def sampled_batches(store, fanouts, batches, batch_size):
+    """Our sampler's blocks for `batches` training batches of `batch_size` seeds (a fixed shuffle), as a run
+    samples them; empty batches dropped."""
+    import numpy as np
+    from oocgnn.sampler import Sampler
+    from oocgnn.topology import NeighbourLists
+    train = np.random.default_rng(0).permutation(store.train_idx)
+    sampler = Sampler(NeighbourLists.resident(store), fanouts, 7)
+    samples = [sampler.sample(np.sort(train[i * batch_size:(i + 1) * batch_size]), 0, i) for i in range(batches)]
+    return [s for s in samples if len(s.output_nodes)]
+
+
+def input_rows(store, samples):
+    """Each sample's input rows (float32 tensors), read from the store by direct reads."""
+    import torch
+    reader = store.reader("direct")
+    try:
+        return [torch.from_numpy(reader.read_rows(s.input_nodes)) for s in samples]
+    finally:
+        reader.close()
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -50,11 +72,8 @@ def main(argv=None):
     args = ap.parse_args(argv)
 
     import numba
-    import numpy as np
     import torch
     from oocgnn.models import build_model, dgl_twin
-    from oocgnn.sampler import Sampler
-    from oocgnn.topology import NeighbourLists
 
     if args.threads:
         import dgl
@@ -65,14 +84,8 @@ def main(argv=None):
     print(f"loadavg at start: {loadavg()}  (cpus {os.cpu_count()}, torch threads {torch.get_num_threads()}, "
           f"numba threads {numba.get_num_threads()})", flush=True)
     store = ensure_store(args.preset, Path(args.data))
-    train = np.random.default_rng(0).permutation(store.train_idx)
-    sampler = Sampler(NeighbourLists.resident(store), fanouts, 7)
-    samples = [sampler.sample(np.sort(train[i * args.batch_size:(i + 1) * args.batch_size]), 0, i)
-               for i in range(args.batches)]
-    samples = [s for s in samples if len(s.output_nodes)]
-    reader = store.reader("direct")
-    xs = [torch.from_numpy(reader.read_rows(s.input_nodes)) for s in samples]
-    reader.close()
+    samples = sampled_batches(store, fanouts, args.batches, args.batch_size)
+    xs = input_rows(store, samples)
     b0 = samples[0].blocks
     print(f"{store.path.name}: D={store.feat_dim}, {len(samples)} batches of {args.batch_size} seeds, fanouts "
           f"{fanouts}: blocks[0] {b0[0].num_src:,} src -> {b0[0].num_dst:,} dst ({b0[0].num_edges:,} edges), "

@@ -18,9 +18,7 @@ and the ratio dense time / sparse time (> 1: the sparse product pays), with the 
 """
 import argparse
 import os
-import statistics
 import sys
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -28,6 +26,7 @@ sys.path.insert(0, str(REPO))
 
 
 from benchmarks import sampler as _shared    # noqa: E402  its store preparation and load report are shared
+from benchmarks.models import input_rows, sampled_batches  # noqa: E402  the batches models.py measures on
 from oocgnn.benchtable import BenchTable, add_csv_argument  # noqa: E402
 loadavg, ensure_store = _shared.loadavg, _shared.ensure_store
 
@@ -53,13 +52,10 @@ def main(argv=None):
     args = ap.parse_args(argv)
 
     import numba
-    import numpy as np
     import torch
     from oocgnn import sparserows
     from oocgnn.models import build_model
-    from oocgnn.sampler import Sampler
     from oocgnn.store import open_store
-    from oocgnn.topology import NeighbourLists
 
     if args.threads:
         numba.set_num_threads(min(args.threads, numba.config.NUMBA_NUM_THREADS))
@@ -68,15 +64,9 @@ def main(argv=None):
     print(f"loadavg at start: {loadavg()}  (cpus {os.cpu_count()}, torch threads {torch.get_num_threads()}, "
           f"numba threads {numba.get_num_threads()})", flush=True)
     store = open_store(args.store) if args.store else ensure_store(args.preset, Path(args.data))
-    train = np.random.default_rng(0).permutation(store.train_idx)
-    sampler = Sampler(NeighbourLists.resident(store), fanouts, 7)
-    samples = [sampler.sample(np.sort(train[i * args.batch_size:(i + 1) * args.batch_size]), 0, i)
-               for i in range(args.batches)]
-    samples = [s for s in samples if len(s.output_nodes)]
+    samples = sampled_batches(store, fanouts, args.batches, args.batch_size)
     if args.store:
-        reader = store.reader("direct")
-        xs = [torch.from_numpy(reader.read_rows(s.input_nodes)) for s in samples]
-        reader.close()
+        xs = input_rows(store, samples)
     else:
         g = torch.Generator().manual_seed(0)
         xs = [torch.randint(1, 5, (len(s.input_nodes), args.width), generator=g).float()
@@ -87,13 +77,8 @@ def main(argv=None):
           f"{samples[0].blocks[0].num_src:,} input rows of {width} columns, density {density:.4f}", flush=True)
 
     def timed(fn):
-        fn(0)
-        ts = []
-        for i in range(len(samples)):
-            t = time.perf_counter()
-            fn(i)
-            ts.append(time.perf_counter() - t)
-        return statistics.median(ts)
+        """Median seconds of fn(i) over the batches (after one untimed call)."""
+        return _shared.timed(lambda i, _: fn(i), range(len(samples)))
 
     table = BenchTable(args.csv or Path(args.data) / "bench" / "sparse_input.csv")
     results = []
