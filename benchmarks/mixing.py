@@ -44,7 +44,8 @@ def store_for(data, parts, root, label):
     `root`/partitions, so a machine without DGL (the GPU box) reuses one computed elsewhere; with
     neither DGL nor a cached one, FENNEL."""
     from oocgnn.partition import cache_path, order_from_assignment, partition, CSRSource
-    from oocgnn.store import open_store, write_store
+    from oocgnn.store import open_store
+    from oocgnn.storewrite import write_store
     path, cache = Path(root) / f"{label}-k{parts}", Path(root) / "partitions"
     if (path / "meta.json").exists():
         return open_store(path, verify=False)

@@ -29,7 +29,8 @@ def loadavg():
 
 def ensure_store(preset, data_dir: Path):
     """data/<preset> if it holds that preset (seed 0), else write it there."""
-    from oocgnn.store import open_store, write_store
+    from oocgnn.store import open_store
+    from oocgnn.storewrite import write_store
     from oocgnn.synthetic import generate, preset as get_preset
     path = data_dir / preset
     cfg = get_preset(preset)

@@ -239,7 +239,7 @@ def base_rss() -> int:
     """Peak RSS of a process that imports what prepare imports and does nothing: the part that does not scale
     (the second of two, so that numba's cache is written and not compiled again)."""
     for _ in range(2):
-        r = subprocess.run([sys.executable, "-c", "import oocgnn.cli, oocgnn.partition, oocgnn.store, oocgnn.csrbuild; "
+        r = subprocess.run([sys.executable, "-c", "import oocgnn.cli, oocgnn.partition, oocgnn.store, oocgnn.storewrite, oocgnn.csrbuild; "
                             "from oocgnn.units import peak_rss; print(peak_rss())"],
                            capture_output=True, text=True, cwd=REPO, check=True)
     return int(r.stdout.split()[-1])

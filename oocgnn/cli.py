@@ -19,7 +19,7 @@ def _cmd_prepare(args):
     from .atomicdir import temp_path
     from .datasets import parse_split
     from .partition import check_args
-    from .store import check_target
+    from .storewrite import check_target
     out = Path(os.path.abspath(args.out))
     check_target(out, args.force)                 # before the source is read: fail fast
     method = args.partitioner
@@ -82,7 +82,7 @@ def _prepare(args, out, method, split, edge_split, memory, work):
     from .mixing import default_parts
     from .csrsource import CSRSource
     from .partition import check_args, order_from_assignment, partition, peak_rss
-    from .store import write_store
+    from .storewrite import write_store
     from .synthetic import generate
     t0 = time.perf_counter()
     if args.source == "synthetic" and args.row_normalize:

@@ -28,7 +28,7 @@ class GraphData:
 
     `features` is anything indexable by an id array that returns float32 rows and has
     `.shape`/`.dtype`: a NumPy array, or a lazy source (synthetic `large`) that is only
-    ever read in chunks by `store.write_store`. `links` is empty for node classification; for link
+    ever read in chunks by `storewrite.write_store`. `links` is empty for node classification; for link
     prediction (`linksplit.hold_out`) it holds the held-out 'val' and 'test' edges (int64 [M, 2]) and, from
     OGB, their negatives ('val_neg', 'test_neg'), all in source ids, and the CSR holds the training edges only.
     """

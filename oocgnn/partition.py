@@ -38,7 +38,8 @@ import pandas as pd
 
 from .csrsource import CSRSource
 from .errors import StoreError, UserError
-from .store import open_store, write_store
+from .store import open_store
+from .storewrite import write_store
 from .units import peak_rss
 
 DEFAULT_CACHE_DIR = Path(os.environ.get("OOCGNN_PARTITION_CACHE",

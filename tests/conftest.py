@@ -23,7 +23,7 @@ def tiny_data():
 
 @pytest.fixture(scope="session")
 def tiny_store(tmp_path_factory, tiny_data):
-    from oocgnn.store import write_store
+    from oocgnn.storewrite import write_store
     return write_store(tiny_data, tmp_path_factory.mktemp("stores") / "tiny", progress=False)
 
 
@@ -31,7 +31,7 @@ def tiny_store(tmp_path_factory, tiny_data):
 def parted(tiny_data, tmp_path_factory):
     """The tiny graph in a random store order, cut into 13 uneven parts (no partitioner needed)."""
     import numpy as np
-    from oocgnn.store import write_store
+    from oocgnn.storewrite import write_store
     n = tiny_data.num_nodes
     cuts = np.sort(np.random.default_rng(8).choice(np.arange(1, n), 12, replace=False))
     return write_store(tiny_data, tmp_path_factory.mktemp("stores") / "parted",
@@ -43,7 +43,7 @@ def parted(tiny_data, tmp_path_factory):
 def fennel16(tmp_path_factory, tiny_data):
     """The tiny graph partition-ordered into 16 FENNEL parts."""
     from oocgnn.partition import order_from_assignment, partition
-    from oocgnn.store import write_store
+    from oocgnn.storewrite import write_store
     assignment, _ = partition(tiny_data, "fennel", 16, cache_dir=False)
     order, offsets = order_from_assignment(assignment, 16)
     return write_store(tiny_data, tmp_path_factory.mktemp("stores") / "tiny16", order=order,
@@ -58,7 +58,7 @@ def link16(tmp_path_factory, tiny_data):
     import numpy as np
     from oocgnn.linksplit import hold_out
     from oocgnn.partition import order_from_assignment, partition
-    from oocgnn.store import write_store
+    from oocgnn.storewrite import write_store
     empty = np.empty(0, np.int64)
     data = hold_out(dataclasses.replace(tiny_data, train_idx=empty, val_idx=empty, test_idx=empty), (0.8, 0.1, 0.1),
                     seed=1)
@@ -73,7 +73,7 @@ def by_label(tiny_data, tmp_path_factory):
     """The tiny graph in an order that follows the labels (parts of few classes, like METIS's on a
     homophilous graph), cut into 16 uneven parts."""
     import numpy as np
-    from oocgnn.store import write_store
+    from oocgnn.storewrite import write_store
     n = tiny_data.num_nodes
     noise = np.random.default_rng(3).random(n)
     order = np.lexsort((noise, np.asarray(tiny_data.labels))).astype(np.int64)
@@ -88,7 +88,7 @@ def binary(tiny_data, tmp_path_factory):
     the majority scores 77 % accuracy), in 4 even parts."""
     import dataclasses
     import numpy as np
-    from oocgnn.store import write_store
+    from oocgnn.storewrite import write_store
     data = dataclasses.replace(tiny_data, labels=(tiny_data.labels <= 1).astype(np.int64), num_classes=2)
     return write_store(data, tmp_path_factory.mktemp("stores") / "binary",
                        part_offsets=np.linspace(0, data.num_nodes, 5).astype(np.int64), progress=False)

@@ -7,7 +7,7 @@ import pytest
 
 from oocgnn.config import TrainConfig
 from oocgnn.datasets import load_npz
-from oocgnn.store import write_store
+from oocgnn.storewrite import write_store
 from oocgnn.synthetic import generate
 from oocgnn.train import train
 

@@ -13,7 +13,8 @@ from oocgnn.codec import CODEC_FILE, Codec
 from oocgnn.errors import StoreError, UserError
 from oocgnn.policies import make_plan
 from oocgnn.resident import CachedReader
-from oocgnn.store import open_store, write_store
+from oocgnn.store import open_store
+from oocgnn.storewrite import write_store
 from oocgnn.train import train
 
 from .test_executor import RUNS, _assert_agree, _cfg, _simulated

@@ -333,7 +333,7 @@ def test_load_ogb_binary_errors(tmp_path, mutate, message):
 
 
 def test_nan_features_memory_mapped_in_place_are_refused_when_the_store_is_written(tmp_path):
-    from oocgnn.store import write_store
+    from oocgnn.storewrite import write_store
     feat = features()
     feat[5, 1] = np.nan
     g = load_ogb_raw(write_ogb_binary(tmp_path / "ogbn_toy", node_feat=feat))

@@ -80,7 +80,7 @@ def test_cuda_run_matches_the_cpu_run(fennel16, tmp_path, policy):
 def test_cuda_decodes_compressed_rows_after_the_copy(tiny_data, fennel16, tmp_path, policy):
     """On an int8 store the GPU run copies the input rows as stored (a quarter of float32's bytes) and
     decodes them there: its losses follow the CPU run's on the same store, which decodes before."""
-    from oocgnn.store import write_store
+    from oocgnn.storewrite import write_store
     int8 = write_store(tiny_data, tmp_path / "int8", order=fennel16.orig_ids, part_offsets=fennel16.part_offsets,
                        partitioner="fennel", progress=False, feature_dtype="int8")
     runs = {}

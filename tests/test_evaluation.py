@@ -72,7 +72,7 @@ def test_a_runs_layerwise_evaluation_stays_within_the_budget(tmp_path):
     batches', glibc's retained heap; 174 MiB measured). Layer calls of a fixed 8,192 nodes grew it by
     500 MiB (their sources' rows, beside the budget)."""
     from oocgnn.config import TrainConfig
-    from oocgnn.store import write_store
+    from oocgnn.storewrite import write_store
     from oocgnn.synthetic import SyntheticConfig, generate
     from oocgnn.train import train
     from oocgnn.units import trim_heap

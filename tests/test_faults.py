@@ -13,7 +13,8 @@ import pytest
 from oocgnn.config import TrainConfig
 from oocgnn.datasets import GraphData
 from oocgnn.errors import UserError
-from oocgnn.store import open_store, write_store
+from oocgnn.store import open_store
+from oocgnn.storewrite import write_store
 from oocgnn.train import train
 
 

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from oocgnn.errors import StoreError, UserError
-from oocgnn.store import DATA_FILES, meta_checksum, open_store, write_store
+from oocgnn.store import DATA_FILES, meta_checksum, open_store
+from oocgnn.storewrite import write_store
 
 from .test_faults import assert_one_line_error, oocgnn
 
@@ -155,7 +156,7 @@ def test_a_file_where_a_directory_is_expected(tmp_path, capsys, cmd):
                                           (errno.ENOSPC, "No space left on device")])
 def test_a_read_only_or_full_target_ends_in_one_line(tmp_path, capsys, monkeypatch, fault, words):
     """As root, mode bits do not stop writes: the system's refusal is raised where the store is written."""
-    from oocgnn import store as store_module
+    from oocgnn import storewrite as store_module
     real = store_module._CrcWriter.__init__
 
     def failing(self, path):
@@ -172,7 +173,7 @@ _KILL = """
 import os, sys, shutil
 from oocgnn import atomicdir
 from oocgnn.synthetic import generate
-from oocgnn.store import write_store
+from oocgnn.storewrite import write_store
 point = sys.argv[2]
 if point == "between-renames":                  # no RENAME_EXCHANGE: killed after moving the old store aside
     atomicdir._exchange = lambda a, b: False

@@ -19,7 +19,8 @@ from oocgnn.policies import make_plan
 from oocgnn.rundir import LINK_LOG_COLUMNS, load_run
 from oocgnn.sampler import Sampler, sampled_steps
 from oocgnn.seeds import train_seeds
-from oocgnn.store import open_store, write_store
+from oocgnn.store import open_store
+from oocgnn.storewrite import write_store
 from oocgnn.sweep import mixing_warnings, run_grid
 from oocgnn.train import train
 from oocgnn.tune import tune

@@ -100,7 +100,7 @@ def test_packed_refuses_too_few_epochs_and_a_full_disk(fennel16, tmp_path, monke
 def test_packed_works_on_a_compressed_store(tiny_data, tmp_path):
     """Rows are packed as stored (int8 here, at the store's stride): the run decodes them as inmemory does."""
     from oocgnn.partition import order_from_assignment, partition
-    from oocgnn.store import write_store
+    from oocgnn.storewrite import write_store
     assignment, _ = partition(tiny_data, "fennel", 16, cache_dir=False)
     order, offsets = order_from_assignment(assignment, 16)
     store = write_store(tiny_data, tmp_path / "int8", order=order, part_offsets=offsets, partitioner="fennel",

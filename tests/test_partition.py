@@ -14,7 +14,7 @@ from oocgnn.errors import UserError
 from oocgnn.partition import (PARTITIONERS, megabatch_of_part, order_from_assignment, partition,
                               quality)
 from oocgnn.staticcache import megabatch_degree_analysis, static_cache_candidates
-from oocgnn.store import write_store
+from oocgnn.storewrite import write_store
 
 K = 8
 

@@ -7,7 +7,7 @@ from oocgnn.importance import history_nodes, importance
 from oocgnn.redundancy import redundancy_ratio, redundancy_table
 from oocgnn.schedules import make_schedule
 from oocgnn.simulate import simulate
-from oocgnn.store import write_store
+from oocgnn.storewrite import write_store
 
 # A 14-ring 0-1-...-13-0 with chords 0-2, 3-9, 5-11 and 1-7, and an isolated training node 14.
 EDGES = [(0, 1), (0, 2), (1, 2), (2, 3), (3, 4), (4, 5), (5, 6), (6, 7), (7, 8), (8, 9), (9, 10),

@@ -127,7 +127,7 @@ def test_bad_parameters(parted, name, kw):
 
 def test_megabatch_visible_keeps_one_copy_of_the_topology(tiny_data, tmp_path):
     """Sampling graph and static adjacency share DGL's CSC: the store's indices are not cached too."""
-    from oocgnn.store import write_store
+    from oocgnn.storewrite import write_store
     store = write_store(tiny_data, tmp_path / "s", part_offsets=np.linspace(0, tiny_data.num_nodes, 9).astype(int),
                         progress=False)
     steps = list(make_schedule("megabatch", store, **PARAMS["megabatch"]).epoch(0))

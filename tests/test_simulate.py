@@ -7,7 +7,7 @@ from oocgnn.io import PAGE
 from oocgnn.sampler import Sampler
 from oocgnn.schedules import make_schedule
 from oocgnn.simulate import page_union, read_totals, simulate, summarize
-from oocgnn.store import write_store
+from oocgnn.storewrite import write_store
 
 FAN = [4, 3]
 

@@ -7,7 +7,8 @@ import pytest
 from oocgnn.datasets import GraphData, csr_from_edges
 from oocgnn.errors import StoreError, UserError
 from oocgnn.io import PAGE
-from oocgnn.store import meta_checksum, open_store, write_store
+from oocgnn.store import meta_checksum, open_store
+from oocgnn.storewrite import write_store
 
 
 def _graph(n=300, d=100, seed=0):
@@ -193,7 +194,7 @@ def test_relabelling_a_mapped_neighbour_file_keeps_its_pages_out_of_rss(tmp_path
     file). Gathered through the map instead (a view of it, which the reader does not take for a file), each
     fault maps a page-cache folio (2 MiB here) and the file fills RSS: the measure can fail. Same store."""
     import re
-    import oocgnn.store as st
+    import oocgnn.storewrite as st
     n, deg = 200_000, 80
     path = tmp_path / "indices.bin"
     rng = np.random.default_rng(0)

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from oocgnn.datasets import GraphData, csr_from_edges
-from oocgnn.store import write_store
+from oocgnn.storewrite import write_store
 from oocgnn.topology import cross_partition_degree, ginex_score, neighbour_cache, neighbour_scores
 
 
