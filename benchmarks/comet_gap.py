@@ -1,7 +1,8 @@
 """Where marius COMET's link-prediction MRR gap to in-memory comes from (issue 39): one factor at a time.
 
-`inmemory` and `marius` are trained on a partitioned link store, then in-memory training (every feature and
-list resident) fed marius's own batches (`EdgeBufferSchedule`: each edge bucket's edges in the buffer state
+`inmemory` and `marius` (its default: a state's edges in batches of equal sizes; and with MariusGNN's short last
+batch a state, `--state-batches full`) are trained on a partitioned link store, then in-memory training (every
+feature and list resident) fed MariusGNN's batches (`EdgeBufferSchedule`: each edge bucket's edges in the buffer state
 COMET assigns it, a state's edges shuffled and cut into batches) with MariusGNN's two in-buffer restrictions
 switched on or off one at a time:
 
@@ -11,10 +12,14 @@ switched on or off one at a time:
   every node and sampling restricted, the batch's outside negatives are visible too (their lists cut to the
   buffer), else they could not be sampled;
 - `shuffle`: marius's batches in a random order across states (not something a buffer can do: it would
-  reload states).
+  reload states);
+- `cut`: how a state's edges become batches: `full` (batches of B, the last one short: MariusGNN's), `even`
+  (as many batches, of equal sizes: marius's default), or `sizes` (not a state's edges at all: every training
+  edge shuffled and cut into MariusGNN's batch sizes, so only the count and sizes of its steps differ from
+  in-memory's).
 
-Both restrictions on is marius exactly (the same batches, negatives and samples: the rows agree to the last
-digit); both off isolates the batches' grouping by state. Evaluation is the same full-graph one for all.
+Both restrictions on is marius `--state-batches full` exactly (the same batches, negatives and samples: the rows
+agree to the last digit); both off isolates the batches' grouping by state. Evaluation is the same full-graph one for all.
 
 Each configuration is a row of the table (--csv): its best validation MRR and the test MRR at it, means over
 --seeds (each seed's too), and their ratio and difference to `inmemory`'s of the same run. Without --store, a
@@ -41,23 +46,35 @@ from oocgnn.edgeschedules import EdgeBufferSchedule  # noqa: E402
 from oocgnn.schedules import Visible, _cut, _ids_of_ranges  # noqa: E402
 
 VARIANTS = {"marius-batches": ("all", False, False), "+buffer negatives": ("buffer", False, False),
-            "+buffer sampling": ("all", True, False), "+both (= marius)": ("buffer", True, False),
-            "marius-batches shuffled": ("all", False, True)}
+            "+buffer sampling": ("all", True, False), "+both (= marius short batches)": ("buffer", True, False),
+            "marius-batches shuffled": ("all", False, True), "marius-batches even-sized": ("all", False, False, "even"),
+            "random edges in marius's sizes": ("all", False, False, "sizes")}
+
+
+def _even_cut(ids, batch_size):
+    """ids in ceil(n / batch_size) batches of equal sizes (within one)."""
+    return np.array_split(ids, -(-len(ids) // batch_size)) if len(ids) else []
 
 
 class MariusBatches(EdgeBufferSchedule):
     """marius's batches for an in-memory run, each restriction a switch (the module docstring)."""
 
-    def __init__(self, *args, neg="buffer", restrict=True, shuffle=False, **kw):
+    def __init__(self, *args, neg="buffer", restrict=True, shuffle=False, cut="full", **kw):
         super().__init__(*args, **kw)
-        self.neg, self.restrict, self.shuffle = neg, restrict, shuffle
+        self.neg, self.restrict, self.shuffle, self.cut = neg, restrict, shuffle, cut
 
     def epoch(self, epoch):
         rng, batches = self.rng(epoch, 1), []
         for g, (state, positions) in enumerate(self.groups(epoch)):
             ranges = self.ranges_of(state)
             visible, nodes = Visible(self.visible, ranges), _ids_of_ranges(ranges)
-            batches += [(g, batch, visible, nodes) for batch in _cut(rng.permutation(positions), self.batch_size)]
+            cut = _even_cut if self.cut == "even" else _cut
+            batches += [(g, batch, visible, nodes) for batch in cut(rng.permutation(positions), self.batch_size)]
+        if self.cut == "sizes":                            # marius's sizes, edges drawn over the whole graph
+            every = np.random.default_rng([self.seed, epoch, 98]).permutation(len(self.edge_batches.edges))
+            ends = np.cumsum([len(b[1]) for b in batches])
+            batches = [(g, every[end - len(batch):end], visible, nodes)
+                       for (g, batch, visible, nodes), end in zip(batches, ends)]
         if self.shuffle:
             batches = [batches[i] for i in np.random.default_rng([self.seed, epoch, 99]).permutation(len(batches))]
         for b, (g, batch, visible, nodes) in enumerate(batches):
@@ -122,6 +139,8 @@ def main(argv=None):
     ap.add_argument("--seeds", default="0", help="comma-separated seeds, each a run of every row (default 0)")
     ap.add_argument("--epochs", type=int, default=30, help="training epochs of each run (default 30)")
     ap.add_argument("--out", default="/tmp/comet_gap", help="run directories go here (default /tmp/comet_gap)")
+    ap.add_argument("--only", default="", help="comma-separated rows to run, the CSV's other rows kept as they are "
+                                               "(default: every row)")
     add_csv_argument(ap, "bench/comet_gap.csv under --data")
     a = ap.parse_args(argv)
     import torch
@@ -134,7 +153,7 @@ def main(argv=None):
     t0 = time.perf_counter()
     table = BenchTable(a.csv or Path(a.data) / "bench" / "comet_gap.csv",
                        columns=("val_mrr", "test_mrr", "val_ratio", "test_ratio", "val_diff", "test_diff",
-                                "seeds", "val_mrrs", "test_mrrs"))
+                                "seeds", "val_mrrs", "test_mrrs"), keep=bool(a.only))
     stores = []
     if not table.run("store", lambda: stores.append(a.store or link_store(a.preset, a.partitioner, a.parts,
                                                                             Path(a.data)))):
@@ -144,7 +163,7 @@ def main(argv=None):
                 progress=False, force=True, threads=1)
     marius = dict(policy="marius", physical_parts=a.parts, buffer_parts=a.buffer, logical_parts=a.logical,
                   ordering="comet", topology="disk")
-    names = ["inmemory", "marius comet", *VARIANTS]
+    names = ["inmemory", "marius comet", "marius comet (short batches)", *VARIANTS]
     runs = {name: [] for name in names}                    # (seed, best val MRR, test MRR at it) per name
     for seed in [int(s) for s in a.seeds.split(",")]:
         def run(name, **kw):
@@ -155,13 +174,20 @@ def main(argv=None):
             return {"val_mrr": v[:, 0].mean(), "test_mrr": v[:, 1].mean(), "seeds": [r[0] for r in runs[name]],
                     "val_mrrs": v[:, 0].tolist(), "test_mrrs": v[:, 1].tolist()}
 
+        only = set(a.only.split(",")) - {""}
+        unknown = only - set(names)
+        if unknown:
+            raise SystemExit(f"--only: unknown rows {sorted(unknown)}; the rows are {names}")
+
         def one(name, **kw):                               # a row that failed once runs no more
-            if table.status(name) in (None, "ok"):
+            if (not only or name in only) and table.status(name) in (None, "ok"):
                 table.run(name, lambda: run(name, **kw))
         one("inmemory")
         one("marius comet", **marius)
-        for name, (neg, restrict, shuffle) in VARIANTS.items():
-            with inmemory_with(a.parts, a.buffer, a.logical, neg=neg, restrict=restrict, shuffle=shuffle):
+        one("marius comet (short batches)", **marius, state_batches="full")
+        for name, (neg, restrict, shuffle, *cut) in VARIANTS.items():
+            with inmemory_with(a.parts, a.buffer, a.logical, neg=neg, restrict=restrict, shuffle=shuffle,
+                               cut=cut[0] if cut else "full"):
                 one(name)
     ref = table.ok("inmemory")
     for name in names:                                     # the ratios and differences to inmemory's

@@ -67,12 +67,17 @@ class BenchTable:
 
     Recording a name again updates its row (a configuration measured over interleaved rounds keeps
     one row). `columns` names the CSV's leading columns after the key and `status`; the others follow
-    in the order they first appear. Dicts and lists are written as JSON."""
+    in the order they first appear. Dicts and lists are written as JSON. `keep` starts from the rows an
+    existing CSV holds (numbers and JSON read back), so that a run of some configurations updates only theirs."""
 
-    def __init__(self, csv_path, columns=(), key: str = "config", echo: bool = True):
+    def __init__(self, csv_path, columns=(), key: str = "config", echo: bool = True, keep: bool = False):
         self.path, self.key, self.echo = Path(csv_path), key, echo
         self.columns = [key, "status", *[c for c in columns if c not in (key, "status")]]
         self._rows: dict[str, dict] = {}
+        if keep and self.path.is_file():
+            with open(self.path, newline="") as f:
+                for row in csv.DictReader(f):
+                    self._rows[row[key]] = {k: v if k in (key, "status") else _parse(v) for k, v in row.items()}
         self.save()                   # a path that cannot be written fails now, not after the first hour
 
     @property
@@ -149,6 +154,18 @@ class BenchTable:
             os.replace(tmp, self.path)
         finally:
             tmp.unlink(missing_ok=True)
+
+
+def _parse(cell: str):
+    """A CSV cell back as `_cell` wrote it: None, a number, a JSON list or dict, or the text."""
+    if cell == "":
+        return None
+    for parse in (int, float, json.loads):
+        try:
+            return parse(cell)
+        except ValueError:
+            pass
+    return cell
 
 
 def _cell(value):

@@ -21,7 +21,7 @@ from .errors import UserError
 from .negatives import batch_negatives
 from .orderings import epoch_states
 from .schedules import (_EMPTY, BufferSchedule, LinkBatch, MegabatchSchedule, Schedule, Step, Visible, _cut,
-                        _ids_of_ranges, _merge)
+                        _even_cut, _ids_of_ranges, _merge)
 
 
 def training_edges(store) -> np.ndarray:
@@ -79,19 +79,28 @@ class EdgeBufferSchedule(_GroupedEdges, BufferSchedule):
     """MariusGNN §5 for link prediction: the training edges in edge buckets (i, j), i <= j, of their endpoints'
     physical partitions; each bucket trains in one state holding both i and j (BETA: the first, greedy; COMET:
     one drawn uniformly, MariusGNN §5.1's deferred random assignment), its edges shuffled with the state's others
-    and cut into batches of B edges (`EdgeSchedule.batch`) whose uniform negatives are the buffer's nodes (MariusGNN
+    and cut into batches (`EdgeSchedule.batch`) whose uniform negatives are the buffer's nodes (MariusGNN
     draws them from the nodes in memory), so every seed is resident and sampling stays inside the buffer.
-    An ordering must bring every pair of partitions together (BETA and COMET do; sequential does not)."""
+    An ordering must bring every pair of partitions together (BETA and COMET do; sequential does not).
+
+    `even` cuts a state's edges into ceil(n/B) batches of equal sizes; off, into batches of B and a short last one
+    (MariusGNN's). A state's short batch is an optimizer step as large as a full one on a few edges: on
+    amazon_photo (c = 4 of 16, ~15 short batches in 117 an epoch) in-memory training fed marius's batch sizes with
+    edges drawn over the whole graph lost 2.0 points of test MRR, and marius's own batches cut evenly 1.3 against
+    their 2.5 (`benchmarks/comet_gap.py`)."""
     name = "edge-buffer"
 
     def __init__(self, store, batch_size=1024, physical_parts=16, buffer_parts=4, ordering="comet", logical_parts=0,
-                 seed=0, num_negatives=100, chunks=10, degree_fraction=0.0):
+                 seed=0, num_negatives=100, chunks=10, degree_fraction=0.0, even=True):
         if ordering == "sequential":
             raise UserError("link prediction trains each edge bucket (i, j) in a state holding i and j: the sequential "
                             "ordering never holds most pairs together (use comet or beta)")
         super().__init__(store, batch_size, physical_parts, buffer_parts, ordering, logical_parts, seed)
         self.edge_batches = EdgeSchedule(store, batch_size, seed, num_negatives, chunks, degree_fraction)
+        self.even = bool(even)
 
+    def params(self):
+        return {**super().params(), "even": self.even}
 
     @cached_property
     def bucket_of_edge(self) -> np.ndarray:
@@ -145,7 +154,8 @@ class EdgeBufferSchedule(_GroupedEdges, BufferSchedule):
         for g, (state, positions) in enumerate(self.groups(epoch)):
             ranges = self.ranges_of(state)
             visible, nodes = Visible(self.visible, ranges), _ids_of_ranges(ranges)
-            for j, batch in enumerate(_cut(rng.permutation(positions), self.batch_size)):
+            cut = _even_cut if self.even else _cut
+            for j, batch in enumerate(cut(rng.permutation(positions), self.batch_size)):
                 step = self.edge_batches.batch(edges[batch], epoch, b, nodes)
                 step.group, step.data, step.group_visible, step.buffer = g, self.data, visible, state
                 if j == 0:

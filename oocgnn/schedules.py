@@ -119,6 +119,11 @@ def _cut(ids, batch_size):
     return [ids[i:i + batch_size] for i in range(0, len(ids), batch_size)]
 
 
+def _even_cut(ids, batch_size):
+    """ids in ceil(n / batch_size) batches of equal sizes (within one): no short last batch."""
+    return np.array_split(ids, -(-len(ids) // batch_size)) if len(ids) else []
+
+
 class Schedule:
     """Base: the store's layout, a seed and a batch size; subclasses implement `epoch`."""
     name = "base"

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 BENCHMARKS = sorted((Path(__file__).resolve().parents[1] / "benchmarks").glob("*.py"))
@@ -220,3 +221,47 @@ def test_gpu_check_runs_its_steps_on_the_cpu(tmp_path):
     assert set(_rows(out / "train.csv")) == {"inmemory", "hierbatching-p1"}
     log = (out / "gpu-check.log").read_text()
     assert "bound by" in log and "tests exit 0, benchmark exit 0" in log
+
+
+def test_comet_gap_feeds_marius_batches_and_changes_one_factor_a_row(link16):
+    """comet_gap's rows are decompositions of marius: with both restrictions on, its batches are
+    `EdgeBufferSchedule`'s exactly (`full` with MariusGNN's short batches, `even` with marius's default); `even`
+    cuts a state's edges into as many batches of equal sizes; `sizes` keeps MariusGNN's batch sizes but draws each
+    epoch's edges over the whole graph, every edge once."""
+    from oocgnn.edgeschedules import EdgeBufferSchedule
+    mod = _module(Path(__file__).resolve().parents[1] / "benchmarks" / "comet_gap.py")
+    kw = dict(physical_parts=16, buffer_parts=4, ordering="comet", seed=3, num_negatives=8, chunks=2)
+
+    def steps(cut="full", **switches):
+        s = mod.MariusBatches(link16, 40, cut=cut, **{"neg": "buffer", "restrict": True, **switches}, **kw)
+        return list(s.epoch(1))
+
+    for even, cut in ((False, "full"), (True, "even")):
+        marius, ours = list(EdgeBufferSchedule(link16, 40, even=even, **kw).epoch(1)), steps(cut)
+        assert len(marius) == len(ours) > 16
+        for a, b in zip(marius, ours):
+            assert a.group == b.group
+            assert np.array_equal(a.link.edges, b.link.edges) and np.array_equal(a.link.negatives, b.link.negatives)
+            assert np.array_equal(a.group_visible.get(), b.group_visible.get())
+    full = steps()
+
+    def by_group(ss):
+        groups = {}
+        for s in ss:
+            groups.setdefault(s.group, []).append(s.link.edges)
+        return groups
+
+    even, full_groups = by_group(steps("even")), by_group(full)
+    assert even.keys() == full_groups.keys()
+    sizes = [[len(e) for e in es] for es in full_groups.values()]
+    assert any(len(set(s)) > 1 for s in sizes), "some state ends in a short batch"
+    for g, es in even.items():
+        assert len(es) == len(full_groups[g]) and max(map(len, es)) - min(map(len, es)) <= 1
+        assert sorted(map(tuple, np.concatenate(es))) == sorted(map(tuple, np.concatenate(full_groups[g])))
+
+    drawn = steps("sizes", neg="all", restrict=False)
+    assert [len(s.link.edges) for s in drawn] == [len(s.link.edges) for s in full]
+    every = np.concatenate([s.link.edges for s in drawn])
+    edges = EdgeBufferSchedule(link16, 40, **kw).edge_batches.edges
+    assert sorted(map(tuple, every)) == sorted(map(tuple, edges))
+    assert any(not np.array_equal(a.link.edges, b.link.edges) for a, b in zip(drawn, full))

@@ -134,3 +134,18 @@ def test_a_long_reason_is_cut_in_ratios_but_kept_in_its_row(tmp_path):
     text = table.ratio("mmap", "inmemory", "epoch_s")[1]
     assert text.startswith("n/a (inmemory: ") and text.endswith("…)") and len(text) < 100
     assert why in table.status("inmemory")
+
+
+def test_a_kept_table_starts_from_the_rows_its_csv_holds(tmp_path):
+    """`keep`: a run of some configurations updates only theirs; the others' rows read back as written."""
+    path = tmp_path / "t.csv"
+    first = BenchTable(path, columns=("x",), echo=False)
+    first.add("a", x=0.25, seeds=[0, 1], note="text")
+    first.add("b", x=3)
+    first.run("c", lambda: 1 / 0)
+    again = BenchTable(path, columns=("x",), echo=False, keep=True)
+    assert again.ok("a") == {"config": "a", "status": "ok", "x": 0.25, "seeds": [0, 1], "note": "text"}
+    assert again.ok("b")["x"] == 3 and again.ok("b")["seeds"] is None and again.status("c").startswith("failed")
+    again.add("b", x=4)
+    assert [r["x"] for r in BenchTable(path, echo=False, keep=True).rows] == [0.25, 4, None]
+    assert BenchTable(path, echo=False).rows == []                # without keep a table starts empty

@@ -196,13 +196,39 @@ def test_marius_trains_every_edge_bucket_once_an_epoch_in_a_state_holding_it(par
         assert len(buckets) == len(np.unique(sch.bucket_of_edge)) and len(states) > 1
 
 
+@pytest.mark.parametrize("cut", ["even", "full"])
+def test_a_states_edges_are_cut_into_equal_batches_or_mariusgnns(parted_link, cut):
+    """`--state-batches even` (the default): a state's n edges in ceil(n/B) batches whose sizes differ by at most
+    one; `full`: batches of B and a short last one, as many."""
+    def sizes(**kw):
+        plan = make_plan(parted_link, TrainConfig.create(store=str(parted_link.path), batch_size=64, **MARIUS, **kw))
+        out = {}
+        for step in plan.schedule.epoch(1):
+            out.setdefault(step.group, []).append(len(step.link.edges))
+        return out
+
+    got, full = sizes(**({"state_batches": cut} if cut == "full" else {})), sizes(state_batches="full")
+    assert {g: len(s) for g, s in got.items()} == {g: len(s) for g, s in full.items()}
+    assert {g: sum(s) for g, s in got.items()} == {g: sum(s) for g, s in full.items()}
+    assert any(s[-1] < 64 for s in full.values())
+    for s in got.values():
+        if cut == "even":
+            assert max(s) - min(s) <= 1 and max(s) <= 64
+        else:
+            assert all(n == 64 for n in s[:-1]) and 0 < s[-1] <= 64
+    with pytest.raises(UserError, match="state_batches must be even or full"):
+        sizes(state_batches="half")
+
+
 @pytest.mark.parametrize("ordering", ["comet", "beta"])
 def test_marius_with_every_partition_in_its_buffer_trains_as_inmemory(parted_link, tmp_path, ordering):
     """c = p: one buffer state holds the whole graph, its negatives are drawn from every node and its sampling sees
-    every edge, so the run is in-memory training's, loss and MRR equal (the out-of-core vs in-memory oracle)."""
+    every edge, so the run is in-memory training's, loss and MRR equal (the out-of-core vs in-memory oracle), where
+    the state's edges are cut as in-memory's are (`--state-batches full`: batches of B and a short last one)."""
     cfg = _cfg(parted_link, tmp_path, epochs=2)
     inmemory = train(cfg.replace(out=str(tmp_path / "inmemory")))
-    marius = train(cfg.replace(out=str(tmp_path / ordering), ordering=ordering, **{**MARIUS, "buffer_parts": 8}))
+    marius = train(cfg.replace(out=str(tmp_path / ordering), ordering=ordering, state_batches="full",
+                               **{**MARIUS, "buffer_parts": 8}))
     assert marius["buffer"]["states_per_epoch"] == 1
     a, b = (pd.read_csv(tmp_path / name / "log.csv") for name in ("inmemory", ordering))
     assert a["train_loss"].equals(b["train_loss"]) and a["val_mrr"].equals(b["val_mrr"])

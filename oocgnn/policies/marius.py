@@ -43,6 +43,9 @@ class MariusPlan(Plan):
                                          "neighbours: in-buffer sampling loses the fewest) | ordering (MariusGNN's: "
                                          "COMET draws one at random, BETA takes the first) | auto (neighbours where "
                                          "one label-balanced step covers the training set, else ordering)")
+        state_batches: str = setting("even", "link stores: a state's edges in batches of equal sizes, as many as "
+                                             "batches of --batch-size take (even) | in batches of --batch-size and a "
+                                             "short last one (full: MariusGNN's)")
 
         def __post_init__(self):
             if self.physical_parts < 1 or self.buffer_parts < 0 or self.logical_parts < 0:
@@ -51,6 +54,8 @@ class MariusPlan(Plan):
                 raise UserError(f"ordering must be one of {', '.join(ORDERINGS)}, got {self.ordering!r}")
             if self.placement not in ("auto",) + PLACEMENTS:
                 raise UserError(f"placement must be one of auto, {', '.join(PLACEMENTS)}, got {self.placement!r}")
+            if self.state_batches not in ("even", "full"):
+                raise UserError(f"state_batches must be even or full, got {self.state_batches!r}")
 
     def __init__(self, store, cfg):
         super().__init__(store, cfg)
@@ -125,7 +130,8 @@ class MariusPlan(Plan):
                                  "logical_parts": self.l}
         if self.task == "link":
             return EdgeBufferSchedule(self.store, cfg.batch_size, seed=self.seed, num_negatives=cfg.negatives,
-                                      chunks=cfg.negative_chunks, degree_fraction=cfg.negative_degree_fraction, **buffer)
+                                      chunks=cfg.negative_chunks, degree_fraction=cfg.negative_degree_fraction,
+                                      even=self.options.state_batches == "even", **buffer)
         return make_schedule("buffer", self.store, batch_size=cfg.batch_size, seed=self.seed,
                              placement=self.placement, **buffer)
 
