@@ -43,17 +43,12 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from oocgnn.benchtable import BenchTable, add_csv_argument  # noqa: E402
 from oocgnn.edgeschedules import EdgeBufferSchedule  # noqa: E402
-from oocgnn.schedules import Visible, _cut, _ids_of_ranges  # noqa: E402
+from oocgnn.schedules import Visible, _cut, _even_cut, _ids_of_ranges  # noqa: E402
 
 VARIANTS = {"marius-batches": ("all", False, False), "+buffer negatives": ("buffer", False, False),
             "+buffer sampling": ("all", True, False), "+both (= marius short batches)": ("buffer", True, False),
             "marius-batches shuffled": ("all", False, True), "marius-batches even-sized": ("all", False, False, "even"),
             "random edges in marius's sizes": ("all", False, False, "sizes")}
-
-
-def _even_cut(ids, batch_size):
-    """ids in ceil(n / batch_size) batches of equal sizes (within one)."""
-    return np.array_split(ids, -(-len(ids) // batch_size)) if len(ids) else []
 
 
 class MariusBatches(EdgeBufferSchedule):
@@ -65,10 +60,10 @@ class MariusBatches(EdgeBufferSchedule):
 
     def epoch(self, epoch):
         rng, batches = self.rng(epoch, 1), []
+        cut = _even_cut if self.cut == "even" else _cut
         for g, (state, positions) in enumerate(self.groups(epoch)):
             ranges = self.ranges_of(state)
             visible, nodes = Visible(self.visible, ranges), _ids_of_ranges(ranges)
-            cut = _even_cut if self.cut == "even" else _cut
             batches += [(g, batch, visible, nodes) for batch in cut(rng.permutation(positions), self.batch_size)]
         if self.cut == "sizes":                            # marius's sizes, edges drawn over the whole graph
             every = np.random.default_rng([self.seed, epoch, 98]).permutation(len(self.edge_batches.edges))

@@ -150,11 +150,10 @@ class EdgeBufferSchedule(_GroupedEdges, BufferSchedule):
         rng = self.rng(epoch, 1)
         prev = self.groups(epoch - 1) if epoch > 0 else []
         held = set(prev[-1][0]) if prev else set()
-        edges, b = self.edge_batches.edges, 0
+        edges, b, cut = self.edge_batches.edges, 0, _even_cut if self.even else _cut
         for g, (state, positions) in enumerate(self.groups(epoch)):
             ranges = self.ranges_of(state)
             visible, nodes = Visible(self.visible, ranges), _ids_of_ranges(ranges)
-            cut = _even_cut if self.even else _cut
             for j, batch in enumerate(cut(rng.permutation(positions), self.batch_size)):
                 step = self.edge_batches.batch(edges[batch], epoch, b, nodes)
                 step.group, step.data, step.group_visible, step.buffer = g, self.data, visible, state
