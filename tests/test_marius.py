@@ -230,6 +230,26 @@ def test_budget_picks_the_largest_buffer_and_errors_say_what_fits(fennel16, tmp_
         make_plan(fennel16, _cfg(fennel16, tmp_path, topology="memory"))
 
 
+def test_a_prefetch_slot_never_costs_the_buffer_a_partition(fennel16, tmp_path):
+    """`--prefetch auto` sizes c as if there were no slot, then adds the slot where the budget still holds
+    it; `on` takes the slot first (a smaller c where the budget is tight), `off` never takes it."""
+    big = make_plan(fennel16, _cfg(fennel16, tmp_path, memory_budget="1GB", prefetch="off"))
+    need = {c: {pf: sum(big._memory(c, big._swap(c), pf).values()) for pf in (False, True)} for c in big.valid_c()}
+    c = next(c for c in sorted(need) if c > min(need) and need[c][True] > need[c][False])
+    tight = need[c][False]                    # holds c without a slot, not with one
+    plans = {pf: make_plan(fennel16, _cfg(fennel16, tmp_path, memory_budget=str(tight), prefetch=pf))
+             for pf in ("auto", "on", "off")}
+    assert (plans["auto"].c, plans["auto"].pipeline) == (c, False) == (plans["off"].c, plans["off"].pipeline)
+    assert plans["on"].pipeline and plans["on"].c < c
+    assert all(p.resident_bytes() <= tight for p in plans.values())
+    roomy = make_plan(fennel16, _cfg(fennel16, tmp_path, memory_budget=str(need[c][True]), buffer_parts=c))
+    assert (roomy.c, roomy.pipeline, roomy.buffers()) == (c, True, c + roomy._swap(c))
+    legacy = make_plan(fennel16, _cfg(fennel16, tmp_path, memory_budget=str(tight), prefetch=False))
+    assert legacy.options.prefetch == "off" and not legacy.pipeline    # a run config written when it was a switch
+    with pytest.raises(UserError, match="prefetch must be auto, on or off"):
+        make_plan(fennel16, _cfg(fennel16, tmp_path, prefetch="sometimes"))
+
+
 def test_orderings_trade_loads_for_balance(fennel16):
     """Per epoch, BETA reads fewer partitions than COMET, and its greedy assignment piles examples into
     the first states (MariusGNN §5.1: unbalanced X_i) while COMET's are even."""

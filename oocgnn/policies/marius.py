@@ -22,7 +22,8 @@ class MariusPlan(Plan):
     the one, among those holding its partition, that holds most of its neighbours; else MariusGNN's rule), sampling
     only over the edges inside the buffer. Swaps read whole partitions and buckets sequentially, the next state's in the
     background (`oocgnn.buffer`). The topology is on disk: the buckets are all the run reads of it
-    (evaluation reads lists as every policy's does). c defaults to the most partitions the budget holds.
+    (evaluation reads lists as every policy's does). c defaults to the most partitions the budget holds; the
+    prefetch slot is taken only from what is left (a larger buffer loses fewer neighbours and loads fewer states).
     On a link store the examples are the training edges, by edge bucket (`edgeschedules.EdgeBufferSchedule`)."""
     listed = 6
     name, source, induces, partition_buffer = "marius", "MariusGNN §3, §5", True, True
@@ -37,7 +38,9 @@ class MariusPlan(Plan):
         buffer_parts: int = setting(0, "c: physical partitions in the buffer (0: the most the budget holds)")
         ordering: str = setting("comet", "buffer states: comet (MariusGNN) | beta (Marius) | sequential (control)")
         logical_parts: int = setting(0, "l: COMET's logical partitions (0: MariusGNN's rule l = 2p/c)")
-        prefetch: bool = setting(True, "load the next state's partitions and buckets while this one trains")
+        prefetch: str = setting("auto", "load the next state's partitions and buckets while this one trains: on | "
+                                        "off | auto (on where the budget holds its slot beside the largest buffer c "
+                                        "it holds without one: never a smaller c for it)")
         placement: str = setting("auto", "node stores: the state each training node trains in, among those "
                                          "holding its partition: neighbours (the one holding most of its "
                                          "neighbours: in-buffer sampling loses the fewest) | ordering (MariusGNN's: "
@@ -54,6 +57,10 @@ class MariusPlan(Plan):
                 raise UserError(f"ordering must be one of {', '.join(ORDERINGS)}, got {self.ordering!r}")
             if self.placement not in ("auto",) + PLACEMENTS:
                 raise UserError(f"placement must be one of auto, {', '.join(PLACEMENTS)}, got {self.placement!r}")
+            if isinstance(self.prefetch, bool):       # run configs written when it was a switch
+                self.prefetch = "on" if self.prefetch else "off"
+            if self.prefetch not in ("auto", "on", "off"):
+                raise UserError(f"prefetch must be auto, on or off, got {self.prefetch!r}")
             if self.state_batches not in ("even", "full"):
                 raise UserError(f"state_batches must be even or full, got {self.state_batches!r}")
 
@@ -62,14 +69,14 @@ class MariusPlan(Plan):
         o = self.options
         if cfg.topology == "memory":
             raise UserError("marius keeps only its buffer's edge buckets in memory: use --topology disk or auto")
-        self.topology, self.pipeline = "disk", o.prefetch
+        self.topology = "disk"
         self.p = min(o.physical_parts, store.num_parts)
         if self.p < 2:
             raise UserError(f"marius needs a partitioned store; {store.path} has 1 part "
                             "(prepare it with --partitioner metis|fennel|random --parts K)")
         bounds = physical_offsets(store, self.p)
         self.part_rows, self.part_entries = np.diff(bounds), np.diff(np.asarray(store.indptr)[bounds])
-        self.c = o.buffer_parts or self._most_that_fit()
+        self.c, self.pipeline = self._buffer_and_prefetch()
         if self.c > self.p:
             raise UserError(f"--buffer-parts {self.c} exceeds the {self.p} physical partitions")
         self.l = o.logical_parts
@@ -83,6 +90,7 @@ class MariusPlan(Plan):
     def summary_lines(s):
         b = s["buffer"]
         return [f"buffer: {b['ordering']}, c={b['c']} of p={b['p']} partitions" + (f", l={b['l']}" if b["l"] else "")
+                + ("" if b.get("prefetch", True) else ", without a prefetch slot")
                 + f", {b['states_loaded']} of {b['states_per_epoch']} states loaded in epoch 0 (states without "
                 "training nodes are skipped)" + (f"; training nodes placed by {b['placement']}" if "placement" in b
                                                  else "")]
@@ -94,7 +102,8 @@ class MariusPlan(Plan):
         """The buffer this plan runs (c from the budget when not given): for run summaries."""
         sch = self.schedule
         return {"ordering": self.options.ordering, "p": self.p, "c": self.c, "l": sch.l,
-                "states_per_epoch": len(sch.states(0)[0]), "states_loaded": len(sch.groups(0)),
+                "prefetch": self.pipeline, "states_per_epoch": len(sch.states(0)[0]),
+                "states_loaded": len(sch.groups(0)),
                 **({"placement": self.placement} if self.task == "node" else {})}
 
     def valid_c(self) -> list:
@@ -110,14 +119,29 @@ class MariusPlan(Plan):
             out.append(c)
         return out
 
-    def _most_that_fit(self) -> int:
-        fits = [c for c in self.valid_c() if sum(self._memory(c, self._swap(c)).values()) <= self.budget]
+    def _fits(self, c, prefetch) -> bool:
+        return sum(self._memory(c, self._swap(c), prefetch).values()) <= self.budget
+
+    def _buffer_and_prefetch(self) -> tuple:
+        """(c, prefetch): `--buffer-parts` or the largest c the budget holds without a prefetch slot; under
+        `--prefetch auto` the slot is added where the budget still holds it. MariusGNN sizes the buffer to
+        memory (§3): a larger c keeps more of a node's neighbours in its state and loads fewer states (on
+        coauthor_cs at a third of its features, c = 4 of 16 without the slot instead of c = 2 with it)."""
+        o = self.options
+        if o.prefetch != "auto":
+            return o.buffer_parts or self._most_that_fit(o.prefetch == "on"), o.prefetch == "on"
+        c = o.buffer_parts or self._most_that_fit(False)
+        return c, (not self.budgeted) or self._fits(c, True)
+
+    def _most_that_fit(self, prefetch) -> int:
+        fits = [c for c in self.valid_c() if self._fits(c, prefetch)]
         if not fits:
             c = min(self.valid_c(), default=2)
-            need = sum(self._memory(c, self._swap(c)).values())
+            need = sum(self._memory(c, self._swap(c), prefetch).values())
             raise UserError(f"policy marius needs {format_size(need)} for its smallest buffer (c={c} of p={self.p} "
-                            f"partitions) but --memory-budget is {format_size(self.budget)}; raise the budget or "
-                            "--physical-parts (smaller partitions)")
+                            f"partitions{', and a prefetch slot' if prefetch else ''}) but --memory-budget is "
+                            f"{format_size(self.budget)}; raise the budget or --physical-parts (smaller partitions)"
+                            + (" or use --prefetch off" if prefetch else ""))
         return max(fits)
 
     def _swap(self, c) -> int:
@@ -160,9 +184,9 @@ class MariusPlan(Plan):
         """A slot: the largest physical partition."""
         return int(self.part_rows.max())
 
-    def _memory(self, c, swap):
+    def _memory(self, c, swap, prefetch):
         n, isz = self.store.num_nodes, np.dtype(self.store.meta["index_dtype"]).itemsize
-        slots = c + (swap if self.pipeline else 0)
+        slots = c + (swap if prefetch else 0)
         rows_c, entries_c = self._largest(self.part_rows, c), self._largest(self.part_entries, c)
         return {"feature_rows": slots * int(self.part_rows.max()) * self.store.row_bytes, "slot_table": 4 * n,
                 "topology": (n + 1) * 8 + 8 * n, "sampler": 4 * n,
@@ -171,4 +195,4 @@ class MariusPlan(Plan):
                 "induced": self.subgraphs() * ((rows_c + 1) * 8 + entries_c * 4)}
 
     def memory(self):
-        return self._memory(self.c, self._swap(self.c))
+        return self._memory(self.c, self._swap(self.c), self.pipeline)
