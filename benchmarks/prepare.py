@@ -175,7 +175,7 @@ def main(argv=None):
                                                         "(default: delete them)")
     add_csv_argument(ap, "bench/prepare.csv under --data")
     args = ap.parse_args(argv)
-    from oocgnn.cli import prepare_memory
+    from oocgnn.prepare import prepare_memory
     memories = [m.strip() for m in args.memories.split(",") if m.strip()]
     if not memories:
         ap.error("--memories: give at least one value")
@@ -239,7 +239,7 @@ def base_rss() -> int:
     """Peak RSS of a process that imports what prepare imports and does nothing: the part that does not scale
     (the second of two, so that numba's cache is written and not compiled again)."""
     for _ in range(2):
-        r = subprocess.run([sys.executable, "-c", "import oocgnn.cli, oocgnn.partition, oocgnn.store, oocgnn.storewrite, oocgnn.csrbuild; "
+        r = subprocess.run([sys.executable, "-c", "import oocgnn.cli, oocgnn.prepare, oocgnn.partition, oocgnn.store, oocgnn.storewrite, oocgnn.csrbuild; "
                             "from oocgnn.units import peak_rss; print(peak_rss())"],
                            capture_output=True, text=True, cwd=REPO, check=True)
     return int(r.stdout.split()[-1])
