@@ -40,6 +40,7 @@ from .metrics import Tally
 READ_CHUNK = 64 << 20        # bytes of input rows read per call
 DST_CHUNK = 8192             # destination nodes per layer call, at most
 WORK_FLOOR = 64 << 20        # a layer call's inputs and messages may take this much, or a quarter of the budget
+READ_FLOOR = 4 << 20         # the read buffer may take this much, or a quarter of the budget (up to READ_CHUNK)
 
 
 @numba.njit(nogil=True, cache=True)
@@ -145,8 +146,10 @@ class LayerwiseEval:
         self.widths = [int(w) for w in (widths or [feat_dim] * len(self.fanouts))]
         self.work = max(WORK_FLOOR, self.budget // 4)
         # the read buffer is part of the budget too: a quarter of it at most (64 MiB of reads under a 40 MB
-        # budget took an mmap run past its memory cgroup's cap)
-        self.dst_chunk, self.read_chunk = int(dst_chunk), int(min(read_chunk, max(1 << 16, self.budget // 4)))
+        # budget took an mmap run past its memory cgroup's cap), and beside it READ_FLOOR at least, as a layer
+        # call's WORK_FLOOR (a plan that fills its budget left OUTRE's evaluation 64 KiB a call on coauthor_cs:
+        # 7,900 calls of two 27 KiB rows, 10 s an evaluation against 3 s of training an epoch)
+        self.dst_chunk, self.read_chunk = int(dst_chunk), int(min(read_chunk, max(READ_FLOOR, self.budget // 4)))
         self.layers = None          # per layer: (sorted dst ids, [(lo, block, src positions)])
         self.spilled = []           # names of tables that went to a temporary file (last evaluation)
 

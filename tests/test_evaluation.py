@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 import torch
 
-from oocgnn.evaluation import LayerwiseEval
+from oocgnn.evaluation import READ_FLOOR, LayerwiseEval
 from oocgnn.models import build_model
 from oocgnn.sampler import Sampler
 from oocgnn.topology import NeighbourLists
@@ -105,7 +105,10 @@ def test_full_neighbourhoods_equal_at_any_batch_size_and_when_spilled(setting):
     assert ev.spilled == ["input_rows", "layer1", "layer2"]
     small = LayerwiseEval(sampler, [-1, -1], nodes, store.feat_dim, lambda ids: feats[torch.from_numpy(ids)],
                           budget=1 << 20)
-    assert small.read_chunk == (1 << 20) // 4, "the read buffer is a share of the budget, not a fixed 64 MiB"
+    assert small.read_chunk == READ_FLOOR, "under a small budget, the floor beside it"
+    share = LayerwiseEval(sampler, [-1, -1], nodes, store.feat_dim, lambda ids: feats[torch.from_numpy(ids)],
+                          budget=64 << 20)
+    assert share.read_chunk == (64 << 20) // 4, "the read buffer is a share of the budget, not a fixed 64 MiB"
     labels = torch.from_numpy(store.compact_labels())
     tallies = ev.tallies(model, labels, {"val": store.val_idx, "test": store.test_idx}, store.num_classes)
     gather = lambda ids: feats[torch.from_numpy(ids)]   # noqa: E731
