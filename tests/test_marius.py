@@ -14,6 +14,7 @@ from oocgnn.errors import UserError
 from oocgnn.orderings import (assign, auto_logical, beta_loads, beta_states, comet_shape, comet_states,
                               pair_coverage, sequential_states)
 from oocgnn.policies import make_plan
+from oocgnn.policies.marius import MariusPlan
 from oocgnn.runtime import Runtime
 from oocgnn.sampler import Sampler, induced_csc
 from oocgnn.schedules import make_schedule
@@ -241,6 +242,9 @@ def test_a_prefetch_slot_never_costs_the_buffer_a_partition(fennel16, tmp_path):
              for pf in ("auto", "on", "off")}
     assert (plans["auto"].c, plans["auto"].pipeline) == (c, False) == (plans["off"].c, plans["off"].pipeline)
     assert plans["on"].pipeline and plans["on"].c < c
+    assert plans["auto"].buffer()["prefetch"] is False and plans["on"].buffer()["prefetch"] is True
+    line = MariusPlan.summary_lines({"buffer": plans["auto"].buffer()})[0]
+    assert f"c={c} of p=16 partitions" in line and "without a prefetch slot" in line
     assert all(p.resident_bytes() <= tight for p in plans.values())
     roomy = make_plan(fennel16, _cfg(fennel16, tmp_path, memory_budget=str(need[c][True]), buffer_parts=c))
     assert (roomy.c, roomy.pipeline, roomy.buffers()) == (c, True, c + roomy._swap(c))
