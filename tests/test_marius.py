@@ -235,7 +235,7 @@ def test_a_prefetch_slot_never_costs_the_buffer_a_partition(fennel16, tmp_path):
     """`--prefetch auto` sizes c as if there were no slot, then adds the slot where the budget still holds
     it; `on` takes the slot first (a smaller c where the budget is tight), `off` never takes it."""
     big = make_plan(fennel16, _cfg(fennel16, tmp_path, memory_budget="1GB", prefetch="off"))
-    need = {c: {pf: sum(big._memory(c, big._swap(c), pf).values()) for pf in (False, True)} for c in big.valid_c()}
+    need = {c: {pf: big._need(c, pf) for pf in (False, True)} for c in big.valid_c()}
     c = next(c for c in sorted(need) if c > min(need) and need[c][True] > need[c][False])
     tight = need[c][False]                    # holds c without a slot, not with one
     plans = {pf: make_plan(fennel16, _cfg(fennel16, tmp_path, memory_budget=str(tight), prefetch=pf))

@@ -119,29 +119,30 @@ class MariusPlan(Plan):
             out.append(c)
         return out
 
-    def _fits(self, c, prefetch) -> bool:
-        return sum(self._memory(c, self._swap(c), prefetch).values()) <= self.budget
+    def _need(self, c, prefetch) -> int:
+        return sum(self._memory(c, prefetch).values())
 
     def _buffer_and_prefetch(self) -> tuple:
-        """(c, prefetch): `--buffer-parts` or the largest c the budget holds without a prefetch slot; under
-        `--prefetch auto` the slot is added where the budget still holds it. MariusGNN sizes the buffer to
-        memory (§3): a larger c keeps more of a node's neighbours in its state and loads fewer states (on
-        coauthor_cs at a third of its features, c = 4 of 16 without the slot instead of c = 2 with it)."""
+        """(c, prefetch): `--buffer-parts` or the largest c the budget holds (without a prefetch slot unless
+        `--prefetch on`); under `--prefetch auto` the slot is added where the budget still holds it. MariusGNN
+        sizes the buffer to memory (§3): a larger c keeps more of a node's neighbours in its state and loads
+        fewer states (on coauthor_cs at a third of its features, c = 4 of 16 without the slot instead of c = 2
+        with it)."""
         o = self.options
-        if o.prefetch != "auto":
-            return o.buffer_parts or self._most_that_fit(o.prefetch == "on"), o.prefetch == "on"
-        c = o.buffer_parts or self._most_that_fit(False)
-        return c, (not self.budgeted) or self._fits(c, True)
+        slot = o.prefetch == "on"
+        c = o.buffer_parts or self._most_that_fit(slot)
+        if o.prefetch == "auto":
+            slot = not self.budgeted or self._need(c, True) <= self.budget
+        return c, slot
 
     def _most_that_fit(self, prefetch) -> int:
-        fits = [c for c in self.valid_c() if self._fits(c, prefetch)]
+        fits = [c for c in self.valid_c() if self._need(c, prefetch) <= self.budget]
         if not fits:
             c = min(self.valid_c(), default=2)
-            need = sum(self._memory(c, self._swap(c), prefetch).values())
-            raise UserError(f"policy marius needs {format_size(need)} for its smallest buffer (c={c} of p={self.p} "
-                            f"partitions{', and a prefetch slot' if prefetch else ''}) but --memory-budget is "
-                            f"{format_size(self.budget)}; raise the budget or --physical-parts (smaller partitions)"
-                            + (" or use --prefetch off" if prefetch else ""))
+            raise UserError(f"policy marius needs {format_size(self._need(c, prefetch))} for its smallest buffer "
+                            f"(c={c} of p={self.p} partitions{', and a prefetch slot' if prefetch else ''}) but "
+                            f"--memory-budget is {format_size(self.budget)}; raise the budget or --physical-parts "
+                            "(smaller partitions)" + (" or use --prefetch off" if prefetch else ""))
         return max(fits)
 
     def _swap(self, c) -> int:
@@ -184,9 +185,9 @@ class MariusPlan(Plan):
         """A slot: the largest physical partition."""
         return int(self.part_rows.max())
 
-    def _memory(self, c, swap, prefetch):
+    def _memory(self, c, prefetch):
         n, isz = self.store.num_nodes, np.dtype(self.store.meta["index_dtype"]).itemsize
-        slots = c + (swap if prefetch else 0)
+        slots = c + (self._swap(c) if prefetch else 0)
         rows_c, entries_c = self._largest(self.part_rows, c), self._largest(self.part_entries, c)
         return {"feature_rows": slots * int(self.part_rows.max()) * self.store.row_bytes, "slot_table": 4 * n,
                 "topology": (n + 1) * 8 + 8 * n, "sampler": 4 * n,
@@ -195,4 +196,4 @@ class MariusPlan(Plan):
                 "induced": self.subgraphs() * ((rows_c + 1) * 8 + entries_c * 4)}
 
     def memory(self):
-        return self._memory(self.c, self._swap(self.c), self.pipeline)
+        return self._memory(self.c, self.pipeline)
