@@ -31,7 +31,7 @@ DATASETS = REPO.parent / "shared" / "datasets"
 
 
 def source(name, preset):
-    from oocgnn.datasets import load_source
+    from oocgnn.prepare import load_source
     from oocgnn.synthetic import generate
     if name == "synthetic":
         return generate(preset)

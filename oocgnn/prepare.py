@@ -76,7 +76,6 @@ def _edge_split(args):
 
 
 def _prepare(args, out, method, split, edge_split, memory, work):
-    from .datasets import load_source
     from .linksplit import DEFAULT_EDGE_SPLIT, hold_out
     from .mixing import default_parts
     from .csrsource import CSRSource
@@ -155,3 +154,26 @@ def _check_metis_fits(num_nodes, num_edges, memory):
                         f"nodes and {num_edges:,} edges, more than --prepare-memory {format_size(memory)}; use "
                         "--partitioner fennel (it streams the lists in chunks) or raise --prepare-memory "
                         "(0: no bound)")
+
+
+def load_source(path, **kw):
+    """A `.npz` file -> `datasets.load_npz`; an OGB dataset dir (or its parent) -> `ogbraw.load_ogb_raw`."""
+    from .datasets import NPZ_KEYS, load_npz
+    from .ogbraw import _ogb_dir, load_ogb_raw
+    path = Path(path)
+    if path.is_file() and path.suffix == ".npz":
+        both = ("name", "row_normalize", "prepare_memory", "workdir", "progress", "task")
+        extra = sorted(k for k, v in kw.items() if v is not None and k not in both)
+        if extra:
+            raise UserError(f"{path}: option(s) {', '.join(extra)} only apply to OGB raw directories")
+        return load_npz(path, name=kw.get("name"), row_normalize=bool(kw.get("row_normalize")),
+                        prepare_memory=kw.get("prepare_memory"), workdir=kw.get("workdir"),
+                        task=kw.get("task") or "node")
+    if path.is_dir() and _ogb_dir(path) is not None:
+        if kw.pop("row_normalize", None):
+            raise UserError(f"{path}: --row-normalize applies to .npz sources only")
+        return load_ogb_raw(path, **kw)
+    what = "does not exist" if not path.exists() else "is not a recognised graph source"
+    raise UserError(f"{path} {what}; accepted sources: a .npz file with keys {', '.join(NPZ_KEYS)}, "
+                    f"or an OGB node- or link-property dir holding raw/edge.csv.gz or raw/data.npz (or its parent dir "
+                    f"with exactly one such dataset subdirectory)")

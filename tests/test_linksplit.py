@@ -320,7 +320,8 @@ def write_ogbl(root, form="edge", negatives=True, features=True, binary=False):
                                                      ("edge", "none", False), ("edge", "pairs", True)])
 def test_an_ogbl_dir_loads_with_its_given_split_held_out(tmp_path, form, negatives, binary):
     import torch
-    from oocgnn.datasets import load_ogb_raw, load_source
+    from oocgnn.prepare import load_source
+    from oocgnn.ogbraw import load_ogb_raw
     root, src, dst, held = write_ogbl(tmp_path / "ogbl_toy", form, negatives != "none", binary=binary)
     g = load_source(tmp_path, task="link")
     assert g.task == "link" and g.num_classes == 0 and (g.labels == -1).all() and g.feat_dim == 3
@@ -363,7 +364,7 @@ def test_what_an_ogbl_dir_cannot_give_is_refused(tmp_path, capsys, case, message
 
 
 def test_an_ogbn_dir_with_task_link_is_split_at_random(tmp_path):
-    from tests.test_datasets import write_ogb
+    from tests.test_ogbraw import write_ogb
     root = write_ogb(tmp_path / "ogbn_toy")
     out = tmp_path / "s"
     assert main(["prepare", str(root), "--task", "link", "--edge-split", "0.5,0.25,0.25", "--out", str(out),
