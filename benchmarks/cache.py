@@ -162,10 +162,10 @@ def main(argv=None):
                      ("naive-belady", naive_baseline)):
         table.run(f"baseline {name}", fn)
     np_lru, ginex, naive = (table.ok(f"baseline {b}") for b in ("numpy-lru", "ginex-changesets", "naive-belady"))
-    print(f"\n  baselines (same run):")
+    print("\n  baselines (same run):")
     print(f"  NumPy LRU, {stop} iterations     " + (f"{np_lru['acc_per_s'] / 1e6:7.2f} M acc/s  (hits equal "
                                                    "numba's: yes)" if np_lru else table.na("baseline numpy-lru")))
-    print(f"  Ginex changesets, whole trace " + (f"{ginex['acc_per_s'] / 1e6:7.2f} M acc/s  ({ginex['seconds']:.2f} "
+    print("  Ginex changesets, whole trace " + (f"{ginex['acc_per_s'] / 1e6:7.2f} M acc/s  ({ginex['seconds']:.2f} "
                                                  f"s; hits {ginex['hits']})" if ginex
                                                  else table.na("baseline ginex-changesets")))
     print(f"  naive Belady, {nv} iterations    " + (f"{naive['acc_per_s'] / 1e6:7.3f} M acc/s  "

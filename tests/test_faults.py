@@ -11,7 +11,6 @@ import pandas as pd
 import pytest
 
 from oocgnn.config import TrainConfig
-from oocgnn.datasets import GraphData
 from oocgnn.errors import UserError
 from oocgnn.store import open_store
 from oocgnn.storewrite import write_store
