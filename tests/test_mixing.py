@@ -112,6 +112,16 @@ def test_groups_of_more_parts_mix_better(by_label, tmp_path):
     assert large["groups"] == 1 and large["warning"] == ""
 
 
+
+def test_outre_is_told_more_parts_per_macro_batch_never_more_parts(by_label, tmp_path):
+    """A macro batch is --parts-per-macro parts whatever K is, so more (smaller) parts would shrink it: OUTRE's
+    advice names a larger --parts-per-macro, and no K."""
+    plan = make_plan(by_label, _cfg(by_label, tmp_path, policy="outre", parts_per_macro=2, history_ratio=0.0,
+                                    accumulate="off"))
+    m = mixing(plan)
+    assert m["drift"] > MAX_DRIFT
+    assert "--parts-per-macro (now 2; 4 halves" in m["warning"] and "prepare --parts" not in m["warning"]
+
 def _train_cli(store, tmp_path, capsys, *flags):
     from oocgnn.cli import main
     assert main(["train", str(store.path), "--policy", "hierbatching", "--epochs", "1", "--max-steps", "2",

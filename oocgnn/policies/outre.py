@@ -226,4 +226,7 @@ class OutrePlan(Plan):
                 + (f", staleness {s['staleness']}" if "staleness" in s else "")]
 
     def mixing_fix(self, more_parts):
-        return "a larger --parts-per-macro or more parts (prepare --parts K)"
+        """A macro batch is --parts-per-macro parts whatever K is (more, smaller parts would shrink it): the
+        remedy is more parts per macro batch."""
+        n = getattr(getattr(self, 'options', None), 'parts_per_macro', 20)
+        return f"a larger --parts-per-macro (now {n}; {2 * n} halves the macro batches and doubles each one's parts)"
