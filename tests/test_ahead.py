@@ -205,9 +205,17 @@ def test_composed_chunks_stay_in_a_megabatch_and_fetch_only_outside_it(fennel16,
 
 
 def test_composed_budget_error_says_what_to_change(fennel16, tmp_path):
-    with pytest.raises(UserError, match="lower --parts-per-megabatch, --static-ratio, --history-ratio or "
-                                        "--superbatch"):
+    """It names the knobs that would shrink the fixed memory, and not those already at their least (no static
+    set at this budget, a mega-batch of one part, one buffer)."""
+    with pytest.raises(UserError, match="lower --parts-per-megabatch, lower --history-ratio, use --no-pipeline "
+                                        r"\(one buffer\), or raise --memory-budget"):
         make_plan(fennel16, _cfg(fennel16, tmp_path, policy="composed", parts_per_megabatch=8, memory_budget="1MB"))
+    with pytest.raises(UserError) as e:
+        make_plan(fennel16, _cfg(fennel16, tmp_path, policy="composed", parts_per_megabatch=1, pipeline=False,
+                                 memory_budget="1MB"))
+    assert "--parts-per-megabatch" not in str(e.value) and "--no-pipeline" not in str(e.value)
+    assert "static set 0 B" in str(e.value) and "--static-ratio" not in str(e.value)
+    assert str(e.value).endswith("; lower --history-ratio, or raise --memory-budget")
 
 
 def test_shared_settings_set_every_policy_that_has_them(fennel16):
