@@ -215,7 +215,7 @@ def test_composed_budget_error_says_what_to_change(fennel16, tmp_path):
                                  memory_budget="1MB"))
     assert "--parts-per-megabatch" not in str(e.value) and "--no-pipeline" not in str(e.value)
     assert "static set 0 B" in str(e.value) and "--static-ratio" not in str(e.value)
-    assert str(e.value).endswith("; lower --history-ratio, or raise --memory-budget")
+    assert str(e.value).endswith("; lower --history-ratio or raise --memory-budget")
 
 
 def test_shared_settings_set_every_policy_that_has_them(fennel16):

@@ -175,9 +175,18 @@ def test_hierbatching_with_every_node_static_samples_the_full_graph(fennel16, tm
 
 
 def test_budget_is_enforced_by_accounting(fennel16, tmp_path):
-    with pytest.raises(UserError, match="needs .* resident .* but --memory-budget is"):
+    """The refusal says what would fit: a smaller explicit mega-batch, or the budget the plan needs."""
+    from oocgnn.policies.base import either
+    with pytest.raises(UserError, match="needs .* resident .* but --memory-budget is .*; lower --parts-per-megabatch "
+                                        "or give --memory-budget .* or more"):
         make_plan(fennel16, _cfg(fennel16, tmp_path, policy="hierbatching", parts_per_megabatch=8,
                                  memory_budget="100KB"))
+    with pytest.raises(UserError) as e:
+        make_plan(fennel16, _cfg(fennel16, tmp_path, policy="hierbatching", parts_per_megabatch=1,
+                                 memory_budget="100KB"))
+    need = str(e.value).split(" needs ")[1].split(" resident")[0]
+    assert str(e.value).endswith(f"; give --memory-budget {need} or more") and "--parts-per-megabatch" not in str(e.value)
+    assert [either(x) for x in (["a"], ["a", "b"], ["a", "b", "c"])] == ["a", "a or b", "a, b, or c"]
 
 
 def test_unpartitioned_store_is_refused(tiny_store, tmp_path):

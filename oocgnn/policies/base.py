@@ -60,6 +60,12 @@ class HistorySpec:
         return self.count * self.dim * 4 + int(num_nodes) * 4 + self.count * 8
 
 
+def either(choices: list) -> str:
+    """'a', 'a or b', 'a, b, or c': the remedies an error offers."""
+    return choices[0] if len(choices) == 1 else ", ".join(choices[:-1]) + ("," if len(choices) > 2 else "") + \
+        f" or {choices[-1]}"
+
+
 class Plan:
     """A schedule walked with fanouts and a sampling seed; nothing resident but what its steps say.
 
@@ -253,8 +259,13 @@ class Plan:
         need = self.resident_bytes()
         if self.budgeted and need > self.budget:
             parts = ", ".join(f"{k} {format_size(v)}" for k, v in self.memory().items())
+            fixes = either(self.smaller_settings() + [f"give --memory-budget {format_size(need)} or more"])
             raise UserError(f"policy {self.name} needs {format_size(need)} resident ({parts}, topology "
-                            f"{self.topology}) but --memory-budget is {format_size(self.budget)}")
+                            f"{self.topology}) but --memory-budget is {format_size(self.budget)}; {fixes}")
+
+    def smaller_settings(self) -> list:
+        """What would shrink this plan's resident memory short of a larger budget (`check_budget`'s advice)."""
+        return []
 
     def check_machine(self, available: int | None = None):
         """Refuse to execute a plan whose resident arrays exceed this machine's available memory (RAM not

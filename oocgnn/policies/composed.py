@@ -9,7 +9,7 @@ import numpy as np
 from ..errors import UserError
 from ..importance import history_nodes
 from ..units import format_size
-from .base import HistorySpec, register, resolved_staleness, setting, shared
+from .base import HistorySpec, either, register, resolved_staleness, setting, shared
 from .hierbatching import HierBatchingPlan
 from .outre import OutrePlan
 from .sampleahead import GinexPlan, SampleAheadPlan
@@ -135,14 +135,14 @@ class ComposedPlan(SampleAheadPlan, HierBatchingPlan):
             f"policy composed needs {format_size(fixed)} resident before any Belady cache (static set "
             f"{format_size(self.setup_rows() * self.store.row_bytes)}, {self.buffers()} mega-batch buffer(s) of "
             f"{format_size(self.group_rows() * self.store.row_bytes)}, {parts}; topology {self.topology}) but "
-            f"--memory-budget is {format_size(self.budget)}; {self._budget_fixes()}or raise --memory-budget")
+            f"--memory-budget is {format_size(self.budget)}; {either(self._budget_fixes() + ['raise --memory-budget'])}")
 
     def _budget_fixes(self) -> str:
         """The knobs that would shrink what `check_budget` counts, only those that are not at their least."""
         knobs = [("lower --parts-per-megabatch", self.n_d > 1), ("lower --static-ratio", self.setup_rows() > 0),
                  ("lower --history-ratio", bool(self.history_ratio)), ("lower --superbatch", self.lookahead > 1),
                  ("use --no-pipeline (one buffer)", self.buffers() > 1)]
-        return "".join(f"{k}, " for k, on in knobs if on)
+        return [k for k, on in knobs if on]
 
     def describe(self):
         o = self.options

@@ -292,6 +292,9 @@ class HierBatchingPlan(Plan):
         pool = {"negative_pool": self._pool} if self.task == "link" else {}
         return {"hierbatching_rule": self.rule(), "parts_per_megabatch": self.n_d, **pool}
 
+    def smaller_settings(self):
+        return ["lower --parts-per-megabatch"] * (self.n_d > 1) + ["lower --static-ratio"] * (self.setup_rows() > 0)
+
     def mixing_fix(self, more_parts):
         return (f"a larger --parts-per-megabatch, more parts (prepare --parts {more_parts}) so that a mega-batch "
                 "holds more of them, or fewer --passes over each")
