@@ -138,6 +138,7 @@ def _cmd_train(args):
           f"distance from the training set {m['tv_mean']:.3f} on average, {m['tv_max']:.3f} at worst"
           + (f" (random groups of as many training nodes: {m['tv_random']:.3f})" if "tv_random" in m else "")
           + (f", drift {m['drift']:.2f} over {m['steps_per_group']:g} step(s) a group" if "drift" in m else "")
+          + (f", {m['steps_per_epoch']:g} steps an epoch" if "steps_per_epoch" in m else "")
           + (" (warned)" if m["warning"] else ""))
     from .policies import POLICIES
     for line in POLICIES[s["policy"]].summary_lines(s):     # the policy's own knobs, as it words them

@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 from oocgnn.config import TrainConfig
-from oocgnn.mixing import MAX_DRIFT, MIN_PARTS, WARN_EPOCHS, check, group_stats, mixing, random_draw_tv
+from oocgnn.mixing import (MAX_DRIFT, MAX_EPOCH_STEPS, MIN_PARTS, WARN_EPOCHS, check, group_stats, mixing,
+                           random_draw_tv)
 from oocgnn.policies import HierBatchingPlan, make_plan
 
 
@@ -59,6 +60,7 @@ def test_group_stats_match_a_brute_force_count_of_the_step_stream(by_label, tmp_
     steps = np.array([x[3] for x in want], float)        # a bias repeats per step, a random draw's deviation not
     drift = np.array([x[2] for x in want]) * steps - got["tv_random"].to_numpy() * np.sqrt(steps)
     assert m["drift"] == pytest.approx(np.average(drift, weights=w), abs=1e-4)
+    assert m["steps_per_epoch"] == pytest.approx(steps.sum() / 2, abs=0.01)
     if policy == "inmemory":               # one group: the training set itself
         assert len(want) == 2 and m["groups"] == 1 and m["tv_mean"] == 0 and m["warning"] == ""
 
@@ -91,6 +93,9 @@ def test_the_warning_fires_on_drift_and_says_when_more_parts_cannot_help():
     assert "cannot mix it further" in line and "0.24" in line and "--parts" not in line and "--accumulate on" in line
     assert check({**sparse, "drift": MAX_DRIFT}, plan) == ""        # as far as random draws: quiet
     assert check({**sparse, "groups": 1}, plan) == ""
+    # the same drift in epochs of many steps (measured on `small`: no loss at 0.61-0.92 over 87-512 steps an epoch)
+    assert check({**sparse, "steps_per_epoch": MAX_EPOCH_STEPS}, plan) == ""
+    assert "in epochs of 16 steps" in check({**sparse, "steps_per_epoch": 16}, plan)
     clustered = {**sparse, "train_mean": 200.0, "parts_mean": 4.0}
     assert f"prepare --parts {128 * MIN_PARTS // 8} or more" in check(clustered, plan)
     far = {**clustered, "parts_mean": 20.0}                         # enough parts, far labels: twice as many
