@@ -94,8 +94,8 @@ def test_the_warning_fires_on_drift_and_says_when_more_parts_cannot_help():
     assert check({**sparse, "drift": MAX_DRIFT}, plan) == ""        # as far as random draws: quiet
     assert check({**sparse, "groups": 1}, plan) == ""
     # the same drift in epochs of many steps (measured on `small`: no loss at 0.61-0.92 over 87-512 steps an epoch)
-    assert check({**sparse, "steps_per_epoch": MAX_EPOCH_STEPS}, plan) == ""
-    assert "in epochs of 16 steps" in check({**sparse, "steps_per_epoch": 16}, plan)
+    assert check({**sparse, "steps_per_epoch": MAX_EPOCH_STEPS + 1}, plan) == ""
+    assert "in epochs of 64 steps" in check({**sparse, "steps_per_epoch": MAX_EPOCH_STEPS}, plan)
     clustered = {**sparse, "train_mean": 200.0, "parts_mean": 4.0}
     assert f"prepare --parts {128 * MIN_PARTS // 8} or more" in check(clustered, plan)
     far = {**clustered, "parts_mean": 20.0}                         # enough parts, far labels: twice as many
