@@ -114,6 +114,11 @@ def test_groups_of_more_parts_mix_better(by_label, tmp_path):
                                                     parts_per_megabatch=k))) for k in (2, 16))
     assert small["tv_mean"] > large["tv_mean"] and small["drift"] > MAX_DRIFT
     assert small["parts_mean"] < MIN_PARTS and "--parts-per-megabatch" in small["warning"]
+    # a given N_d stays N_d parts whatever K is: the advice is a larger N_d, never more (smaller) parts
+    assert "a larger --parts-per-megabatch (now 2)" in small["warning"] and "prepare --parts" not in small["warning"]
+    composed = mixing(make_plan(by_label, _cfg(by_label, tmp_path, policy="composed", accumulate="off",
+                                               parts_per_megabatch=2)))
+    assert "a larger --parts-per-megabatch (now 2)" in composed["warning"] and "prepare" not in composed["warning"]
     assert large["groups"] == 1 and large["warning"] == ""
 
 

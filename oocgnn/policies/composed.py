@@ -162,4 +162,6 @@ class ComposedPlan(SampleAheadPlan, HierBatchingPlan):
                    f"chunks of {b['superbatch']} batches") + f", {h['nodes']:,} histories (staleness {h['staleness']})"]
 
     def mixing_fix(self, more_parts):
+        if getattr(getattr(self, "options", None), "parts_per_megabatch", 0):   # a given N_d stays N_d parts
+            return f"a larger --parts-per-megabatch (now {self.n_d})"
         return f"a larger --parts-per-megabatch or more parts (prepare --parts {more_parts})"

@@ -296,5 +296,9 @@ class HierBatchingPlan(Plan):
         return ["lower --parts-per-megabatch"] * (self.n_d > 1) + ["lower --static-ratio"] * (self.setup_rows() > 0)
 
     def mixing_fix(self, more_parts):
+        """More parts help only where N_d follows the budget (smaller parts, more of them in a mega-batch); a
+        given --parts-per-megabatch stays N_d parts, smaller ones."""
+        if getattr(getattr(self, "options", None), "parts_per_megabatch", 0):
+            return f"a larger --parts-per-megabatch (now {self.n_d}) or fewer --passes over each"
         return (f"a larger --parts-per-megabatch, more parts (prepare --parts {more_parts}) so that a mega-batch "
                 "holds more of them, or fewer --passes over each")
