@@ -132,6 +132,16 @@ def test_outre_is_told_more_parts_per_macro_batch_never_more_parts(by_label, tmp
     assert m["drift"] > MAX_DRIFT
     assert "--parts-per-macro (now 2; 4 halves" in m["warning"] and "prepare --parts" not in m["warning"]
 
+
+def test_marius_is_told_its_buffer_and_partitions(by_label, tmp_path):
+    """MariusGNN's advice names its buffer (c of p) and a p that doubles the partitions a state mixes."""
+    plan = make_plan(by_label, _cfg(by_label, tmp_path, policy="marius", physical_parts=8, buffer_parts=2,
+                                    accumulate="off", batch_size=16))
+    m = mixing(plan)
+    assert m["drift"] > MAX_DRIFT, m
+    assert "a larger --buffer-parts (now 2 of 8) or more, smaller partitions (--physical-parts 16)" in m["warning"]
+
+
 def _train_cli(store, tmp_path, capsys, *flags):
     from oocgnn.cli import main
     assert main(["train", str(store.path), "--policy", "hierbatching", "--epochs", "1", "--max-steps", "2",

@@ -96,7 +96,11 @@ class MariusPlan(Plan):
                                                  else "")]
 
     def mixing_fix(self, more_parts):
-        return "a larger --buffer-parts (c) or more, smaller partitions (prepare --parts K, --physical-parts)"
+        """A state is c of p partitions: more of them (c from a larger budget, or a larger p at the same c/p, each
+        state then a random union of more, smaller partitions) mix it more."""
+        c, p = getattr(self, "c", "c"), getattr(self, "p", "p")
+        more_p = f" {2 * p}" if isinstance(p, int) else ""
+        return f"a larger --buffer-parts (now {c} of {p}) or more, smaller partitions (--physical-parts{more_p})"
 
     def buffer(self) -> dict:
         """The buffer this plan runs (c from the budget when not given): for run summaries."""
