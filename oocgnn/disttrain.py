@@ -87,12 +87,27 @@ def joined(cfg):
     try:
         yield TorchRanks(rank, world, device, gradient_group(device, world, timeout))
     except UserError:
+        _leave()
         raise
     except (RuntimeError, dist.DistError) as e:
+        _leave()
         raise UserError(f"rank {rank} of {world}: a collective failed: another rank died or did not answer "
                         f"within --dist-timeout {cfg.dist_timeout:g} s ({first_line(e)[:300]})") from None
+    except BaseException:                          # interrupted: leave now, not in the interpreter's teardown
+        _leave()
+        raise
     dist.barrier()                                 # no rank tears its connections down while another still uses them
     dist.destroy_process_group()
+
+
+def _leave():
+    """Destroy this rank's process group without a barrier (a rank that failed or was interrupted): left to the
+    interpreter's exit, gloo's threads were sometimes torn down unjoined ('terminate called without an active
+    exception', SIGABRT instead of the run's exit code)."""
+    try:
+        dist.destroy_process_group()
+    except Exception:                              # noqa: BLE001  (already gone: nothing left to release)
+        pass
 
 
 def _environment() -> tuple[int, int]:
