@@ -135,9 +135,9 @@ class ComposedPlan(SampleAheadPlan, HierBatchingPlan):
             f"policy composed needs {format_size(fixed)} resident before any Belady cache (static set "
             f"{format_size(self.setup_rows() * self.store.row_bytes)}, {self.buffers()} mega-batch buffer(s) of "
             f"{format_size(self.group_rows() * self.store.row_bytes)}, {parts}; topology {self.topology}) but "
-            f"--memory-budget is {format_size(self.budget)}; {either(self._budget_fixes() + ['raise --memory-budget'])}")
+            f"--memory-budget is {format_size(self.budget)}; {either(self.smaller_settings() + ['raise --memory-budget'])}")
 
-    def _budget_fixes(self) -> str:
+    def smaller_settings(self):
         """The knobs that would shrink what `check_budget` counts, only those that are not at their least."""
         knobs = [("lower --parts-per-megabatch", self.n_d > 1), ("lower --static-ratio", self.setup_rows() > 0),
                  ("lower --history-ratio", bool(self.history_ratio)), ("lower --superbatch", self.lookahead > 1),
