@@ -86,15 +86,11 @@ def joined(cfg):
                         f"ranks started, with the same MASTER_ADDR and MASTER_PORT?) ({first_line(e)[:200]})") from None
     try:
         yield TorchRanks(rank, world, device, gradient_group(device, world, timeout))
-    except UserError:
+    except BaseException as e:                     # failed or interrupted: leave now, not in the interpreter's teardown
         _leave()
-        raise
-    except (RuntimeError, dist.DistError) as e:
-        _leave()
-        raise UserError(f"rank {rank} of {world}: a collective failed: another rank died or did not answer "
-                        f"within --dist-timeout {cfg.dist_timeout:g} s ({first_line(e)[:300]})") from None
-    except BaseException:                          # interrupted: leave now, not in the interpreter's teardown
-        _leave()
+        if isinstance(e, (RuntimeError, dist.DistError)):
+            raise UserError(f"rank {rank} of {world}: a collective failed: another rank died or did not answer "
+                            f"within --dist-timeout {cfg.dist_timeout:g} s ({first_line(e)[:300]})") from None
         raise
     dist.barrier()                                 # no rank tears its connections down while another still uses them
     dist.destroy_process_group()
