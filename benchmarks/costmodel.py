@@ -47,9 +47,9 @@ def steady_epoch_s(summary, skip=0, column="seconds"):
 
 def measure_disk(store, cache, indent=""):
     """The disk's rates, measured now (not the cached ones), printed."""
-    from oocgnn import costmodel
+    from oocgnn import disk
     t = time.perf_counter()
-    rates = costmodel.measure_disk(store, cache=cache, refresh=True)
+    rates = disk.measure_disk(store, cache=cache, refresh=True)
     print(f"{indent}disk: sequential {rates.seq_bytes_s / 1e6:.0f} MB/s, random 4 KiB {rates.iops:,.0f}/s in flight, "
           f"{rates.iops_qd1:,.0f}/s one at a time ({time.perf_counter() - t:.1f} s)", flush=True)
     return rates

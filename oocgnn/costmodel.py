@@ -4,7 +4,7 @@ Three measured ingredients, combined as each policy pipelines:
 
 - the plan's exact I/O, from the simulator (`simulate.simulate`: per batch, the random feature pages
   and neighbour-list pages read and their requests, and the sequential loads of residency changes);
-- this machine's disk (`DiskRates`, measured once per device and cached): sequential bytes/s and
+- this machine's disk (`disk.DiskRates`, measured once per device and cached): sequential bytes/s and
   random 4 KiB reads/s at the queue depth `DirectReader` keeps in flight, and at depth 1 (page
   faults). A read of `pages` in `requests` costs `requests·latency + pages·4096/bandwidth`, where
   the latency is what the random rate leaves after the bytes (a linear latency-bandwidth model);
@@ -24,10 +24,7 @@ runs train the link model (encoder, decoder, loss over the chunks' negatives): t
 """
 from __future__ import annotations
 
-import json
-import mmap
 import os
-import statistics
 import tempfile
 import time
 from dataclasses import asdict, dataclass
@@ -40,119 +37,11 @@ import pandas as pd
 
 from .buckets import buffer_csc
 from .cache import PageLRUCache, replay
+from .disk import CACHE_VERSION, DiskRates, cache_dir, load_cached, save_cached
 from .errors import UserError
 from .io import PAGE
 from .policies import make_plan
 from .trace import record_trace
-
-CACHE_VERSION = 7
-
-
-def cache_dir(path=None) -> Path:
-    """Where measured rates and calibrations are kept: `path`, $OOCGNN_CACHE, or ~/.cache/oocgnn."""
-    return Path(path or os.environ.get("OOCGNN_CACHE") or Path.home() / ".cache" / "oocgnn").expanduser()
-
-
-def _load(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text())
-        return data if data.get("version") == CACHE_VERSION else {"version": CACHE_VERSION}
-    except (OSError, ValueError):
-        return {"version": CACHE_VERSION}
-
-
-def _save(path: Path, data: dict):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=1))
-    os.replace(tmp, path)
-
-
-# ---- the disk ----------------------------------------------------------------------------------
-@dataclass
-class DiskRates:
-    """This device's O_DIRECT rates: sequential bytes/s (`DirectReader.read_range`), random 4 KiB
-    reads/s as `DirectReader.read_rows` issues them (many in flight) and one at a time (`iops_qd1`)."""
-    seq_bytes_s: float
-    iops: float
-    iops_qd1: float
-    device: str = ""
-
-    def seconds(self, pages, requests, depth="deep"):
-        """Seconds to read `pages` 4 KiB pages in `requests` requests (arrays or numbers)."""
-        iops = self.iops if depth == "deep" else self.iops_qd1
-        latency = max(0.0, 1.0 / iops - PAGE / self.seq_bytes_s)
-        return np.asarray(requests) * latency + np.asarray(pages) * (PAGE / self.seq_bytes_s)
-
-
-def _device_key(path) -> str:
-    st = os.stat(path)
-    return f"dev{os.major(st.st_dev)}:{os.minor(st.st_dev)}"
-
-
-def measure_disk(store, repeats=3, random_reads=8192, seq_bytes=256 << 20, cache=None,
-                 refresh=False) -> DiskRates:
-    """Measure (or read from the cache) the rates of the device holding `store`'s features.bin.
-
-    Sequential: `read_range` over up to `seq_bytes` of the file; random: `read_rows` of
-    `random_reads` distinct rows on distinct pages, spread over the file; depth 1: single
-    O_DIRECT 4 KiB preads at random pages. Dirty pages are written back first (`os.sync`: a store just
-    written is still being flushed, and its writeback slows reads several-fold), one untimed round warms
-    the device, then medians of `repeats` rounds."""
-    path = Path(store.features_path)
-    key, file = _device_key(path), cache_dir(cache) / "disk-rates.json"
-    saved = _load(file)
-    if key in saved and not refresh:
-        return DiskRates(**saved[key])
-    reader = store.reader("direct")
-    rng = np.random.default_rng(0)
-    n, stride = store.num_nodes, store.row_stride
-    per_page = max(1, PAGE // stride)
-    pages_total = max(1, n // per_page)
-    seq_rows = int(min(n, max(1, seq_bytes // stride)))
-    seq, deep, qd1 = [], [], []
-    os.sync()
-    try:
-        for _ in range(repeats + 1):
-            t = time.perf_counter()
-            for lo in range(0, seq_rows, max(1, (8 << 20) // stride)):
-                reader.read_range(lo, min(seq_rows, lo + max(1, (8 << 20) // stride)))
-            seq.append(seq_rows * stride / (time.perf_counter() - t))
-            pages = rng.choice(pages_total, min(random_reads, pages_total), replace=False)
-            # every other page at most, so no two rows coalesce into one request
-            ids = np.unique(pages - pages % 2) * per_page
-            before = reader.stats.requests
-            t = time.perf_counter()
-            reader.read_rows(ids)
-            deep.append((reader.stats.requests - before) / (time.perf_counter() - t))
-            qd1.append(_qd1_rate(path, pages_total * per_page * stride, rng))
-    finally:
-        reader.close()
-    seq, deep, qd1 = seq[1:], deep[1:], qd1[1:]          # the warm-up round
-    rates = DiskRates(statistics.median(seq), statistics.median(deep), statistics.median(qd1), key)
-    saved[key] = asdict(rates)
-    _save(file, saved)
-    return rates
-
-
-def _qd1_rate(path, size, rng, reads=1024) -> float:
-    """Random 4 KiB O_DIRECT reads per second, one at a time."""
-    buf = mmap.mmap(-1, PAGE)
-    flags = os.O_RDONLY | getattr(os, "O_DIRECT", 0)
-    try:
-        fd = os.open(path, flags)
-    except OSError:
-        fd = os.open(path, os.O_RDONLY)
-    try:
-        offsets = rng.integers(0, max(1, size // PAGE), reads) * PAGE
-        t = time.perf_counter()
-        for off in offsets:
-            os.preadv(fd, [buf], int(off))
-        return reads / (time.perf_counter() - t)
-    finally:
-        os.close(fd)
-        buf.close()
-
 
 # ---- the processor -------------------------------------------------------------------------------
 @dataclass
@@ -305,7 +194,7 @@ def calibrate(store, cfg, steps=24, cache=None, refresh=False) -> StepCosts:
     from .loop import WARMUP_STEPS  # torch: imported when used, not with this module
     from .train import train  # (as above)
     key, file = _calibration_key(store, cfg), cache_dir(cache) / "calibration.json"
-    saved = _load(file)
+    saved = load_cached(file)
     if key in saved and not refresh:
         return StepCosts(**saved[key])
     points = []
@@ -330,7 +219,7 @@ def calibrate(store, cfg, steps=24, cache=None, refresh=False) -> StepCosts:
     costs = StepCosts(s1, g1, c1, s0, g0, c0, load_row_s, subgraph_s, len(p), key, unit, _calibrate_buckets(store),
                       _calibrate_slot_rows(store), _calibrate_optimizer_step(store, cfg))
     saved[key] = asdict(costs)
-    _save(file, saved)
+    save_cached(file, saved)
     return costs
 
 

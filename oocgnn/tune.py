@@ -24,7 +24,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .costmodel import calibrate, measure_disk, predict
+from .costmodel import calibrate, predict
+from .disk import measure_disk
 from .errors import UserError
 from .metrics import LINK_METRICS, METRICS, NAMES, SHARED_HITS, check_target, shared_negatives, summary_keys, task_target
 from .mixing import mixing

@@ -215,11 +215,12 @@ def test_the_cost_model_follows_the_smaller_rows(fennel16, compressed, tmp_path)
     """Calibration runs on compressed rows (its slot loads read them as stored), and at the same knobs a plan's
     predicted disk bytes shrink with the rows (the simulator's pages at the stored stride)."""
     from oocgnn import costmodel
+    from oocgnn.disk import DiskRates
     from oocgnn.simulate import simulate
     costs = costmodel.calibrate(compressed, _cfg(compressed, tmp_path, policy="ginex", hidden=16), steps=4,
                                 cache=tmp_path)
     assert 0 < costs.slot_row_s < 1e-3 and costs.gather_s >= 0
-    rates = costmodel.DiskRates(seq_bytes_s=1e9, iops=5e4, iops_qd1=1e4)
+    rates = DiskRates(seq_bytes_s=1e9, iops=5e4, iops_qd1=1e4)
     disk = {}
     for store in (fennel16, compressed):
         plan = make_plan(store, _cfg(store, tmp_path, policy="hierbatching", parts_per_megabatch=4, static_ratio=0.02))

@@ -6,9 +6,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from oocgnn import costmodel
+from oocgnn import costmodel, disk
 from oocgnn.config import TrainConfig
-from oocgnn.costmodel import DiskRates, StepCosts
+from oocgnn.costmodel import StepCosts
+from oocgnn.disk import DiskRates
 from oocgnn.errors import UserError
 from oocgnn.io import PAGE
 from oocgnn.policies import make_plan
@@ -32,12 +33,12 @@ def test_disk_seconds_is_latency_plus_bytes():
 
 
 def test_measure_disk_is_cached_per_device(fennel16, tmp_path, monkeypatch):
-    first = costmodel.measure_disk(fennel16, repeats=1, random_reads=256, seq_bytes=1 << 20, cache=tmp_path)
+    first = disk.measure_disk(fennel16, repeats=1, random_reads=256, seq_bytes=1 << 20, cache=tmp_path)
     assert first.seq_bytes_s > 0 and first.iops > 0 and first.iops_qd1 > 0
     saved = json.loads((tmp_path / "disk-rates.json").read_text())
     assert saved[first.device]["iops"] == first.iops
     monkeypatch.setattr(type(fennel16), "reader", lambda *a, **k: pytest.fail("measured again"))
-    assert costmodel.measure_disk(fennel16, cache=tmp_path) == first
+    assert disk.measure_disk(fennel16, cache=tmp_path) == first
 
 
 def test_fit_recovers_step_and_unit_costs():

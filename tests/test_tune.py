@@ -99,10 +99,10 @@ def test_tune_writes_a_choice_that_trains(fennel16, tmp_path, capsys):
 
 def test_tune_takes_the_cached_disk_rates_unless_asked_to_remeasure(fennel16, tmp_path, capsys):
     """Disk rates are cached per device; --remeasure-disk measures them again (and caches the new ones)."""
-    from oocgnn.costmodel import CACHE_VERSION, _device_key
+    from oocgnn.disk import CACHE_VERSION, device_key
     cache = tmp_path / "cache"
     cache.mkdir()
-    key = _device_key(fennel16.features_path)
+    key = device_key(fennel16.features_path)
     stale = {"seq_bytes_s": 1e6, "iops": 1.0, "iops_qd1": 1.0, "device": key}
     (cache / "disk-rates.json").write_text(json.dumps({"version": CACHE_VERSION, key: stale}))
     args = ["tune", str(fennel16.path), "--memory-budget", "2MB", "--epochs", "1", "--top", "1",
