@@ -1,7 +1,8 @@
 """Where marius COMET's link-prediction MRR gap to in-memory comes from (issue 39): one factor at a time.
 
-`inmemory` and `marius` (its default: a state's edges in batches of equal sizes; and with MariusGNN's short last
-batch a state, `--state-batches full`) are trained on a partitioned link store, then in-memory training (every
+`inmemory` and `marius` (its default: a state's edges in batches of equal sizes; with MariusGNN's short last
+batch a state, `--state-batches full`; and the states' edges cut every B, a batch spanning a state change one
+accumulated optimizer step, `--state-batches carry`) are trained on a partitioned link store, then in-memory training (every
 feature and list resident) fed MariusGNN's batches (`EdgeBufferSchedule`: each edge bucket's edges in the buffer state
 COMET assigns it, a state's edges shuffled and cut into batches) with MariusGNN's two in-buffer restrictions
 switched on or off one at a time:
@@ -158,7 +159,7 @@ def main(argv=None):
                 progress=False, force=True, threads=1)
     marius = dict(policy="marius", physical_parts=a.parts, buffer_parts=a.buffer, logical_parts=a.logical,
                   ordering="comet", topology="disk")
-    names = ["inmemory", "marius comet", "marius comet (short batches)", *VARIANTS]
+    names = ["inmemory", "marius comet", "marius comet (short batches)", "marius comet (carried batches)", *VARIANTS]
     runs = {name: [] for name in names}                    # (seed, best val MRR, test MRR at it) per name
     for seed in [int(s) for s in a.seeds.split(",")]:
         def run(name, **kw):
@@ -180,6 +181,7 @@ def main(argv=None):
         one("inmemory")
         one("marius comet", **marius)
         one("marius comet (short batches)", **marius, state_batches="full")
+        one("marius comet (carried batches)", **marius, state_batches="carry")
         for name, (neg, restrict, shuffle, *cut) in VARIANTS.items():
             with inmemory_with(a.parts, a.buffer, a.logical, neg=neg, restrict=restrict, shuffle=shuffle,
                                cut=cut[0] if cut else "full"):

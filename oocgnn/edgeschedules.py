@@ -21,7 +21,10 @@ from .errors import UserError
 from .negatives import batch_negatives
 from .orderings import epoch_states
 from .schedules import (_EMPTY, BufferSchedule, LinkBatch, MegabatchSchedule, Schedule, Step, Visible, _cut,
-                        _even_cut, _ids_of_ranges, _merge)
+                        _carry_cut, _even_cut, _ids_of_ranges, _merge)
+
+
+STATE_BATCHES = ("even", "full", "carry")
 
 
 def training_edges(store) -> np.ndarray:
@@ -83,24 +86,28 @@ class EdgeBufferSchedule(_GroupedEdges, BufferSchedule):
     draws them from the nodes in memory), so every seed is resident and sampling stays inside the buffer.
     An ordering must bring every pair of partitions together (BETA and COMET do; sequential does not).
 
-    `even` cuts a state's edges into ceil(n/B) batches of equal sizes; off, into batches of B and a short last one
-    (MariusGNN's). A state's short batch is an optimizer step as large as a full one on a few edges: on
-    amazon_photo (c = 4 of 16, ~15 short batches in 117 an epoch) in-memory training fed marius's batch sizes with
-    edges drawn over the whole graph lost 2.0 points of test MRR, and marius's own batches cut evenly 1.3 against
-    their 2.5 (`benchmarks/comet_gap.py`)."""
+    `state_batches` says how a state's edges become batches: `full` (MariusGNN's), batches of B and a short last
+    one; `even`, ceil(n/B) batches of equal sizes; `carry`, the epoch's states' edges in one stream cut every B
+    edges, a state's first batch completing the one its predecessor left open (with accumulated optimizer steps,
+    `optsteps`, a step then sees exactly B edges, however the states divide them). A state's short batch is an
+    optimizer step as large as a full one on a few edges: on amazon_photo (c = 4 of 16, ~15 short batches in 117
+    an epoch) in-memory training fed marius's batch sizes with edges drawn over the whole graph lost 2.0 points of
+    test MRR, and marius's own batches cut evenly 1.3 against their 2.5 (`benchmarks/comet_gap.py`)."""
     name = "edge-buffer"
 
     def __init__(self, store, batch_size=1024, physical_parts=16, buffer_parts=4, ordering="comet", logical_parts=0,
-                 seed=0, num_negatives=100, chunks=10, degree_fraction=0.0, even=True):
+                 seed=0, num_negatives=100, chunks=10, degree_fraction=0.0, state_batches="even"):
         if ordering == "sequential":
             raise UserError("link prediction trains each edge bucket (i, j) in a state holding i and j: the sequential "
                             "ordering never holds most pairs together (use comet or beta)")
         super().__init__(store, batch_size, physical_parts, buffer_parts, ordering, logical_parts, seed)
         self.edge_batches = EdgeSchedule(store, batch_size, seed, num_negatives, chunks, degree_fraction)
-        self.even = bool(even)
+        if state_batches not in STATE_BATCHES:
+            raise UserError(f"state_batches must be one of {', '.join(STATE_BATCHES)}, got {state_batches!r}")
+        self.state_batches = state_batches
 
     def params(self):
-        return {**super().params(), "even": self.even}
+        return {**super().params(), "state_batches": self.state_batches}
 
     @cached_property
     def bucket_of_edge(self) -> np.ndarray:
@@ -150,11 +157,16 @@ class EdgeBufferSchedule(_GroupedEdges, BufferSchedule):
         rng = self.rng(epoch, 1)
         prev = self.groups(epoch - 1) if epoch > 0 else []
         held = set(prev[-1][0]) if prev else set()
-        edges, b, cut = self.edge_batches.edges, 0, _even_cut if self.even else _cut
+        edges, b, filled = self.edge_batches.edges, 0, 0
         for g, (state, positions) in enumerate(self.groups(epoch)):
             ranges = self.ranges_of(state)
             visible, nodes = Visible(self.visible, ranges), _ids_of_ranges(ranges)
-            for j, batch in enumerate(cut(rng.permutation(positions), self.batch_size)):
+            ids = rng.permutation(positions)
+            if self.state_batches == "carry":
+                batches, filled = _carry_cut(ids, self.batch_size, filled), (filled + len(ids)) % self.batch_size
+            else:
+                batches = (_even_cut if self.state_batches == "even" else _cut)(ids, self.batch_size)
+            for j, batch in enumerate(batches):
                 step = self.edge_batches.batch(edges[batch], epoch, b, nodes)
                 step.group, step.data, step.group_visible, step.buffer = g, self.data, visible, state
                 if j == 0:

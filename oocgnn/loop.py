@@ -264,7 +264,7 @@ def run_loop(cfg, run, store, plan, runtime, t_enter, device, mix, ranks=None, f
     plan_accumulates, plan_target = getattr(plan, "accumulate", False), getattr(plan, "step_target", 1)
     closes, weights = optsteps.closes_and_weights(        # optimizer steps: after which slots, and each batch's share
         [None if i is None else steps[i][2].update for _, i in slots],
-        [0 if i is None else len(steps[i][2].seeds) for _, i in slots], ranks.max)
+        [0 if i is None else steps[i][2].examples for _, i in slots], ranks.max)
     timers, rows, step_rows = Timers(), [], []
     st = {"train_s": 0.0, "loss_sum": 0.0, "loss_n": 0}
     excluded = IOStats()                           # reads of the setup, of evaluation, of a resume's reload

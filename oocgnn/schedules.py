@@ -80,6 +80,11 @@ class Step:
                                                         # (`seeds`: their sorted distinct nodes)
 
     @property
+    def examples(self) -> int:
+        """Its training examples: its edges on a link step, else its seeds (labelled nodes)."""
+        return len(self.seeds) if self.link is None else len(self.link.edges)
+
+    @property
     def visible(self) -> np.ndarray | None:
         """Sorted ids sampling is restricted to (None: all), one array object per group."""
         return None if self.group_visible is None else self.group_visible.get()
@@ -122,6 +127,13 @@ def _cut(ids, batch_size):
 def _even_cut(ids, batch_size):
     """ids in ceil(n / batch_size) batches of equal sizes (within one): no short last batch."""
     return np.array_split(ids, -(-len(ids) // batch_size)) if len(ids) else []
+
+
+def _carry_cut(ids, batch_size, filled):
+    """ids in batches of `batch_size` after a first one that fills the open batch of `filled` (0 <= filled <
+    batch_size: the first is batch_size - filled, or all of ids where fewer)."""
+    first = batch_size - filled
+    return ([ids[:first]] if filled and len(ids) else []) + _cut(ids[first:] if filled else ids, batch_size)
 
 
 class Schedule:

@@ -216,18 +216,45 @@ def test_a_states_edges_are_cut_into_equal_batches_or_mariusgnns(parted_link, cu
             assert max(s) - min(s) <= 1 and max(s) <= 64
         else:
             assert all(n == 64 for n in s[:-1]) and 0 < s[-1] <= 64
-    with pytest.raises(UserError, match="state_batches must be even or full"):
+    with pytest.raises(UserError, match="state_batches must be one of even, full, carry"):
         sizes(state_batches="half")
 
 
-@pytest.mark.parametrize("ordering", ["comet", "beta"])
-def test_marius_with_every_partition_in_its_buffer_trains_as_inmemory(parted_link, tmp_path, ordering):
+def test_carried_state_batches_make_optimizer_steps_of_exactly_a_batch_of_edges(parted_link):
+    """`--state-batches carry`: the epoch's states' edges cut every B, a batch that spans a state change split there
+    and its two pieces one accumulated optimizer step: each step but an epoch's last sees exactly B edges, as many
+    steps as in-memory training takes (ceil(E / B)), each mini-batch inside one state; `--accumulate off` makes
+    each piece a step of its own."""
+    def run(**kw):
+        plan = make_plan(parted_link, TrainConfig.create(store=str(parted_link.path), batch_size=64, **MARIUS,
+                                                         state_batches="carry", **kw))
+        edges, groups = {}, {}
+        for e, _, step in plan.steps(2):
+            edges[e, step.update] = edges.get((e, step.update), 0) + len(step.link.edges)
+            groups.setdefault((e, step.update), set()).add(step.group)
+        return plan, edges, groups
+
+    plan, edges, groups = run()
+    total = len(plan.schedule.edge_batches.edges)
+    assert plan.accumulate and plan.step_target == 64
+    for epoch in (0, 1):
+        sizes = [n for (e, _), n in sorted(edges.items()) if e == epoch]
+        assert len(sizes) == -(-total // 64) and sum(sizes) == total
+        assert all(n == 64 for n in sizes[:-1]) and 0 < sizes[-1] <= 64
+    assert sum(len(g) > 1 for g in groups.values()) > 3            # steps that span two states
+    off, pieces, _ = run(accumulate="off")
+    assert not off.accumulate and len(pieces) > len(edges)
+
+
+@pytest.mark.parametrize("ordering,cut", [("comet", "full"), ("beta", "full"), ("comet", "carry")])
+def test_marius_with_every_partition_in_its_buffer_trains_as_inmemory(parted_link, tmp_path, ordering, cut):
     """c = p: one buffer state holds the whole graph, its negatives are drawn from every node and its sampling sees
     every edge, so the run is in-memory training's, loss and MRR equal (the out-of-core vs in-memory oracle), where
-    the state's edges are cut as in-memory's are (`--state-batches full`: batches of B and a short last one)."""
+    the state's edges are cut as in-memory's are (`--state-batches full`: batches of B and a short last one; carry
+    in one state is that cut, each batch a step of its own)."""
     cfg = _cfg(parted_link, tmp_path, epochs=2)
     inmemory = train(cfg.replace(out=str(tmp_path / "inmemory")))
-    marius = train(cfg.replace(out=str(tmp_path / ordering), ordering=ordering, state_batches="full",
+    marius = train(cfg.replace(out=str(tmp_path / ordering), ordering=ordering, state_batches=cut,
                                **{**MARIUS, "buffer_parts": 8}))
     assert marius["buffer"]["states_per_epoch"] == 1
     a, b = (pd.read_csv(tmp_path / name / "log.csv") for name in ("inmemory", ordering))

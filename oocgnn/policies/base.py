@@ -132,7 +132,7 @@ class Plan:
         for e, b, step in self.schedule.steps(epochs):
             if self.topology == "memory" and "adjacency" in step.data:
                 step = replace(step, data=tuple(d for d in step.data if d != "adjacency"))
-            yield e, b, replace(step, update=counter(e, len(step.seeds)))
+            yield e, b, replace(step, update=counter(e, step.examples))
 
     @property
     def batch_seeds(self) -> int:
@@ -148,10 +148,11 @@ class Plan:
 
     @property
     def step_target(self) -> int:
-        """Labelled nodes an optimizer step sees (`optsteps.step_target`)."""
+        """Labelled nodes (on a link store, training edges) an optimizer step sees (`optsteps.step_target`)."""
         if self.cfg is None:                     # a bare schedule (analyses): a step per mini-batch
             return 1
-        return optsteps.step_target(self.cfg.batch_size, len(self.store.train_idx))
+        examples = self.store.num_edges // 2 if self.task == "link" else len(self.store.train_idx)
+        return optsteps.step_target(self.cfg.batch_size, examples)
 
     @cached_property
     def accumulate(self) -> bool:

@@ -9,7 +9,7 @@ import numpy as np
 from ..buckets import physical_offsets
 from ..errors import UserError
 from ..orderings import PLACEMENTS, ORDERINGS, auto_logical, comet_shape, swap_size
-from ..edgeschedules import EdgeBufferSchedule
+from ..edgeschedules import STATE_BATCHES, EdgeBufferSchedule
 from ..schedules import make_schedule
 from ..units import format_size
 from .base import Plan, register, setting
@@ -48,7 +48,9 @@ class MariusPlan(Plan):
                                          "one label-balanced step covers the training set, else ordering)")
         state_batches: str = setting("even", "link stores: a state's edges in batches of equal sizes, as many as "
                                              "batches of --batch-size take (even) | in batches of --batch-size and a "
-                                             "short last one (full: MariusGNN's)")
+                                             "short last one (full: MariusGNN's) | the states' edges cut every "
+                                             "--batch-size edges, a batch that spans two states an optimizer step "
+                                             "accumulated over both (carry)")
 
         def __post_init__(self):
             if self.physical_parts < 1 or self.buffer_parts < 0 or self.logical_parts < 0:
@@ -61,8 +63,8 @@ class MariusPlan(Plan):
                 self.prefetch = "on" if self.prefetch else "off"
             if self.prefetch not in ("auto", "on", "off"):
                 raise UserError(f"prefetch must be auto, on or off, got {self.prefetch!r}")
-            if self.state_batches not in ("even", "full"):
-                raise UserError(f"state_batches must be even or full, got {self.state_batches!r}")
+            if self.state_batches not in STATE_BATCHES:
+                raise UserError(f"state_batches must be one of {', '.join(STATE_BATCHES)}, got {self.state_batches!r}")
 
     def __init__(self, store, cfg):
         super().__init__(store, cfg)
@@ -160,9 +162,17 @@ class MariusPlan(Plan):
         if self.task == "link":
             return EdgeBufferSchedule(self.store, cfg.batch_size, seed=self.seed, num_negatives=cfg.negatives,
                                       chunks=cfg.negative_chunks, degree_fraction=cfg.negative_degree_fraction,
-                                      even=self.options.state_batches == "even", **buffer)
+                                      state_batches=self.options.state_batches, **buffer)
         return make_schedule("buffer", self.store, batch_size=cfg.batch_size, seed=self.seed,
                              placement=self.placement, **buffer)
+
+    @cached_property
+    def accumulate(self) -> bool:
+        """`--accumulate`; auto on a link store: on with `--state-batches carry` (a batch that spans two states is
+        one optimizer step of --batch-size edges), else off."""
+        if self.task == "link" and self.cfg is not None and self.cfg.accumulate == "auto":
+            return self.options.state_batches == "carry"
+        return super().accumulate
 
     @property
     def placement(self) -> str:
