@@ -288,10 +288,12 @@ class LinkEvaluation:
 
 def check_settings(cfg, store):
     """Refuse what a link run cannot be: label-balanced optimizer steps (--accumulate on: there are no labels to
-    balance; auto is off there) and a distributed run (not yet)."""
+    balance; auto accumulates only marius's carried batches, `--state-batches carry`) and a distributed run (not
+    yet)."""
     if cfg.accumulate == "on":
         raise UserError("--accumulate on balances labels across mini-batches; a link store's batches are edges "
-                        "(use auto or off: a step per batch)")
+                        "(use auto: a step per batch, or per --batch-size edges under marius --state-batches carry; "
+                        "or off: a step per batch)")
     if cfg.distributed:
         raise UserError("distributed training on a link store is not supported yet; train it in one process")
     if not len(store.link_edges("val")):

@@ -51,6 +51,30 @@ def fennel16(tmp_path_factory, tiny_data):
 
 
 @pytest.fixture(scope="session")
+def com_graph():
+    """`linkstores.community_graph`: twenty communities, its edges split 80/10/10."""
+    from .linkstores import community_graph
+    return community_graph()
+
+
+@pytest.fixture(scope="session")
+def small_link(com_graph, tmp_path_factory):
+    from oocgnn.storewrite import write_store
+    return write_store(com_graph, tmp_path_factory.mktemp("stores") / "com-link", progress=False)
+
+
+@pytest.fixture(scope="session")
+def parted_link(com_graph, tmp_path_factory):
+    """The same graph in a random store order, cut into 8 even parts."""
+    import numpy as np
+    from oocgnn.storewrite import write_store
+    n = com_graph.num_nodes
+    return write_store(com_graph, tmp_path_factory.mktemp("stores") / "com-link8",
+                       order=np.random.default_rng(3).permutation(n), part_offsets=np.linspace(0, n, 9).astype(np.int64),
+                       progress=False)
+
+
+@pytest.fixture(scope="session")
 def link16(tmp_path_factory, tiny_data):
     """The tiny graph as a link store (a seeded 80/10/10 edge split), partition-ordered into 16 FENNEL parts of
     its training topology."""
