@@ -148,7 +148,7 @@ def run_prepare(args, source, memory, out):
 
 def store_digest(path: Path) -> dict:
     """SHA-256 of every data file of the store at `path`."""
-    from oocgnn.store import DATA_FILES
+    from oocgnn.storemeta import DATA_FILES
     digests = {}
     for f in DATA_FILES:
         with open(path / f, "rb") as fh:

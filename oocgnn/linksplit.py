@@ -1,7 +1,7 @@
 """Link-prediction edge splits: validation and test edges held out of the training topology.
 
 A link store's topology (indptr, indices) holds its training edges only, in both directions; its validation
-and test edges are files beside it (`store.LINK_FILES`). `hold_out` makes them, in one of two ways:
+and test edges are files beside it (`storemeta.LINK_FILES`). `hold_out` makes them, in one of two ways:
 
 * Random (`prepare --task link --edge-split TRAIN,VAL,TEST`). The M undirected edges {a, b}, a < b, of the
   canonical CSR (self-loops dropped, deduplicated) are ordered by a key h = mix(mix((a·N + b) xor s)), s drawn

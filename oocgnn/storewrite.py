@@ -29,7 +29,8 @@ from .direct import DirectReader
 from .errors import StoreError, UserError
 from .io import feature_row_stride, index_dtype, release_pages
 from .linksplit import HELD_OUT
-from .store import FORMAT, STORE_FILES, VERSION, Store, _write_stamp, meta_checksum, open_store
+from .store import Store, _write_stamp, open_store
+from .storemeta import FORMAT, STORE_FILES, VERSION, meta_checksum
 
 _CHUNK_BYTES = 64 << 20
 

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from oocgnn.errors import StoreError, UserError
-from oocgnn.store import DATA_FILES, meta_checksum, open_store
+from oocgnn.store import open_store
+from oocgnn.storemeta import DATA_FILES, meta_checksum
 from oocgnn.storewrite import write_store
 
 from .test_faults import assert_one_line_error, oocgnn

@@ -9,7 +9,8 @@ from oocgnn.cli import main
 from oocgnn.datasets import GraphData, csr_from_edges, load_npz
 from oocgnn.errors import StoreError, UserError
 from oocgnn.linksplit import hold_out, pair_keys, parse_edge_split
-from oocgnn.store import meta_checksum, open_store
+from oocgnn.store import open_store
+from oocgnn.storemeta import meta_checksum
 from oocgnn.storewrite import write_store
 
 N = 300

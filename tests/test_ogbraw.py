@@ -160,7 +160,8 @@ def test_prepare_converts_the_papers100m_layout_with_the_bounded_path(tmp_path):
     """`oocgnn prepare` of the binary layout under --prepare-memory (its bounded path) writes the store the in-memory path
     writes, byte for byte, and it opens."""
     from oocgnn.cli import main
-    from oocgnn.store import DATA_FILES, open_store
+    from oocgnn.store import open_store
+    from oocgnn.storemeta import DATA_FILES
     root = write_ogb_binary(tmp_path / "ogbn_papers100M")
     for memory, out in (("0", "mem"), ("1MiB", "bounded")):
         assert main(["prepare", str(root), "--out", str(tmp_path / out), "--prepare-memory", memory, "--quiet"]) in (0, None)

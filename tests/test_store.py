@@ -7,7 +7,8 @@ import pytest
 from oocgnn.datasets import GraphData, csr_from_edges
 from oocgnn.errors import StoreError, UserError
 from oocgnn.io import PAGE
-from oocgnn.store import meta_checksum, open_store
+from oocgnn.store import open_store
+from oocgnn.storemeta import meta_checksum
 from oocgnn.storewrite import write_store
 
 
@@ -182,7 +183,7 @@ def test_features_mapped_from_a_file_are_gathered_by_direct_reads(tiny_data, tmp
     a = write_store(tiny_data, tmp_path / "a", order=order, progress=False)
     b = write_store(mapped, tmp_path / "b", order=order, progress=False)
     assert sum(calls) == tiny_data.num_nodes                     # every row of b through the direct reader
-    from oocgnn.store import DATA_FILES
+    from oocgnn.storemeta import DATA_FILES
     for f in DATA_FILES:
         assert (a.path / f).read_bytes() == (b.path / f).read_bytes(), f
 
