@@ -95,7 +95,8 @@ class RankPlan:
             for chunk in self.chunks(epoch):
                 for b, item in chunk:
                     seeds = self.seeds_of(item)
-                    yield epoch, b, SimpleNamespace(enter_ranges=[], seeds=seeds, update=counter(epoch, len(seeds)))
+                    yield epoch, b, SimpleNamespace(enter_ranges=[], seeds=seeds, examples=len(seeds),
+                                                    update=counter(epoch, len(seeds)))
 
     def seeds_of(self, item) -> np.ndarray:
         """The training nodes of a chunk's batch item."""
