@@ -132,8 +132,8 @@ def _even_cut(ids, batch_size):
 def _carry_cut(ids, batch_size, filled):
     """ids in batches of `batch_size` after a first one that fills the open batch of `filled` (0 <= filled <
     batch_size: the first is batch_size - filled, or all of ids where fewer)."""
-    first = batch_size - filled
-    return ([ids[:first]] if filled and len(ids) else []) + _cut(ids[first:] if filled else ids, batch_size)
+    head = ids[:batch_size - filled] if filled else ids[:0]
+    return ([head] if len(head) else []) + _cut(ids[len(head):], batch_size)
 
 
 class Schedule:
