@@ -7,9 +7,9 @@ labelled set (a given split of 20 labels per class) a group holds a few labelled
 classes, and a step per mini-batch is a step towards those classes: the loss climbs and a seed may never
 recover (`mixing` measures how far a group is from the training set). The optimizer step need not be the
 mini-batch: gradients accumulate over consecutive mini-batches until the step has seen `step_target`
-labelled nodes — min(batch size, training nodes), what one in-memory step sees — or its epoch ends. Each
-mini-batch's loss is weighted by its share of the step's labelled nodes, so the step's gradient is the
-mean over all of them, as an in-memory batch's is. Sampling and residency are untouched: each mini-batch
+labelled nodes — min(batch size, training nodes), what one in-memory step sees (with p passes over each
+group, p times the training nodes) — or its epoch ends. Each mini-batch's loss is weighted by its share of
+the step's labelled nodes, so the step's gradient is the mean over all of them, as an in-memory batch's is. Sampling and residency are untouched: each mini-batch
 is still sampled inside its own group, while it is resident.
 
 `--accumulate on | off | auto`: off is a step per mini-batch (the papers'); auto is on where the plan's
@@ -26,9 +26,13 @@ from math import ceil, floor, lgamma, sqrt
 import numpy as np
 
 
-def step_target(batch_size, num_train) -> int:
-    """Labelled nodes an optimizer step sees: a batch's, or the whole training set when it is smaller."""
-    return max(1, min(int(batch_size), int(num_train)))
+def step_target(batch_size, num_train, passes=1.0) -> int:
+    """Labelled nodes an optimizer step sees: a batch's, or, when that is smaller, the training set as many
+    times as the epoch visits it (HierBatching's p passes over each mega-batch): an epoch's seeds come group
+    by group, each group's p passes together, so a target of |train| would close a step after the first
+    1/p of the groups, p steps of a few classes each; round(p·|train|) makes the epoch one step of every
+    group."""
+    return max(1, min(int(batch_size), round(float(passes) * int(num_train))))
 
 
 AUTO_SKEW = 0.10    # auto: on where a random draw of a group's labelled nodes is this far (TV) from the training set

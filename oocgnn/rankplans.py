@@ -66,6 +66,7 @@ class RankPlan:
     of `chunks`), its memory and its knobs."""
     budgeted = True
     topology = "memory"                            # its own lists (remote ones fetched per macrobatch and layer)
+    passes = 1.0                                   # visits of each training node an epoch (MegabatchPlan's p)
 
     @property
     def name(self) -> str:
@@ -82,7 +83,7 @@ class RankPlan:
     def steps(self, epochs):
         """(epoch, batch, step) of every batch of every chunk, in order: a step that loads nothing the loop
         must know of, with its seeds and its optimizer step (`optsteps`)."""
-        target = optsteps.step_target(self.cfg.batch_size, len(self.data.train_idx))
+        target = optsteps.step_target(self.cfg.batch_size, len(self.data.train_idx), self.passes)
         on = self.cfg.accumulate == "on"
         if self.cfg.accumulate == "auto":                  # only auto looks at the groups and their labels
             sizes = self.group_sizes()

@@ -140,6 +140,7 @@ class Schedule:
     """Base: the store's layout, a seed and a batch size; subclasses implement `epoch`."""
     name = "base"
     data: tuple = ()
+    passes = 1.0            # visits of each training node an epoch (HierBatching's p: `MegabatchSchedule`)
 
     def __init__(self, store, batch_size=1024, seed=0, assignment=None):
         if int(batch_size) < 1:

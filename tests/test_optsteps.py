@@ -90,6 +90,26 @@ def test_small_groups_accumulate_to_a_batch(fennel16, tmp_path):
     assert s["mixing"]["unit"] == "optimizer step" and s["mixing"]["train_mean"] == per_step.mean()
 
 
+@pytest.mark.parametrize("passes", [1.0, 2.0, 1.5])
+def test_a_step_covers_the_training_set_once_a_pass_where_it_is_smaller_than_a_batch(fennel16, tmp_path, passes):
+    """A batch larger than the training set: with p passes over each mega-batch an epoch's seeds are every
+    training node p times, group by group; a step's target is round(p·|train|), so the epoch is one optimizer
+    step over every group (a target of |train| would close it after the first 1/p of the groups)."""
+    from oocgnn.policies import make_plan
+    cfg = _cfg(fennel16, tmp_path / "run", parts_per_megabatch=2, batch_size=4096, passes=passes, accumulate="on")
+    plan = make_plan(fennel16, cfg)
+    num_train = len(fennel16.train_idx)
+    assert num_train < 4096 and plan.step_target == round(passes * num_train)
+    steps = [(e, step.update, step.seeds) for e, _, step in plan.steps(2)]
+    for epoch in (0, 1):
+        seeds = np.concatenate([s for e, _, s in steps if e == epoch])
+        assert {u for e, u, _ in steps if e == epoch} == {epoch}      # one optimizer step an epoch
+        groups = len(plan.schedule.groups(epoch))               # each group rounds its fraction of a pass
+        assert abs(len(seeds) - round(passes * num_train)) <= groups / 2
+        assert set(seeds.tolist()) == set(np.asarray(fennel16.train_idx).tolist())
+    assert step_target(1024, 200, 2.0) == 400 and step_target(256, 200, 2.0) == 256
+
+
 def test_a_run_killed_inside_an_accumulated_step_resumes_to_the_same_log(fennel16, tmp_path, kill_at):
     kw = dict(parts_per_megabatch=2, batch_size=256, epochs=2)
     whole = train(_cfg(fennel16, tmp_path / "whole", **kw))

@@ -152,7 +152,7 @@ class Plan:
         if self.cfg is None:                     # a bare schedule (analyses): a step per mini-batch
             return 1
         examples = self.store.num_edges // 2 if self.task == "link" else len(self.store.train_idx)
-        return optsteps.step_target(self.cfg.batch_size, examples)
+        return optsteps.step_target(self.cfg.batch_size, examples, self.schedule.passes)
 
     @cached_property
     def accumulate(self) -> bool:
