@@ -3,8 +3,8 @@
 For each dataset and split (the graph's own, and a random 10/10/80 one via `GraphData.resplit`), a
 METIS store is written per number of parts; `inmemory` is trained as the reference, then
 `hierbatching` at a budget of --budget-frac of the feature file for every PARTS:N_D of --configs that
-fits it (N_D = 0: the default, what the budget allows), and `outre` with its defaults on the --outre
-parts store if asked. Each row gives the plan's mixing
+fits it (N_D = 0: the default, what the budget allows), and each of --policies (outre, marius, composed,
+...) at its defaults on the --policy-parts store. Each row gives the plan's mixing
 (`oocgnn.mixing`: parts per mega-batch, mean and worst label TV distance; no I/O), test accuracy at
 the best validation step (mean ± std over --seeds) and its difference from inmemory's, and whether
 the run warned, with the statistic it warns on: the excess of a group's distance over a random draw of as
@@ -12,10 +12,17 @@ many labelled nodes (`tv_random`), times the optimizer steps taken in a group (`
 `oocgnn.mixing.MAX_DRIFT`, which was read off this table and issue 37's 7-seed runs).
 A seed's run already finished under --data with the same settings is reused, not trained again
 (a table re-run after a stop, or with rows added; on the CPU a seed's run is deterministic).
+Issue 37's table (README, "Accuracy on small labelled sets") is, with `oocgnn train`'s own batch size and
+evaluation subset so that a seed's run equals `oocgnn train`'s to the digit:
+
+    .venv/bin/python benchmarks/mixing.py --configs 0:0 --policies outre,marius,composed \
+        --seeds 0,1,2,3,4,5,6 --random-seeds 0,1,2 --epochs 100 --fanouts 25,10 --hidden 512 \
+        --batch-size 1024 --eval-nodes 20000 --threads 1
 
     .venv/bin/python benchmarks/mixing.py --datasets cora,citeseer,amazon_photo,coauthor_cs \\
         --configs 16:2,64:8,128:16,256:32 --seeds 0,1,2 --epochs 50
-    .venv/bin/python benchmarks/mixing.py --preset tiny --configs 16:2,16:4 --seeds 0 --epochs 2   # smoke
+    .venv/bin/python benchmarks/mixing.py --preset tiny --configs 16:2,16:4 --seeds 0 --epochs 2 \
+        --policies outre --policy-parts 16                                                     # smoke
     .venv/bin/python benchmarks/mixing.py --datasets cora --splits random --configs 0:0 \\
         --hb-variants "static_ratio=0.05;passes=1,static_ratio=0.05;pipeline=false"      # knobs at the default K
 """
@@ -136,8 +143,10 @@ def main(argv=None):
     ap.add_argument("--configs", default="16:2,64:8,128:16,256:32",
                     help="PARTS:N_D pairs; PARTS 0 is `prepare`'s default K, N_D 0 the default (what the budget "
                          "holds) (default 16:2,64:8,128:16,256:32)")
-    ap.add_argument("--outre", type=int, default=-1, help="also train outre (its defaults) on a store of this many "
-                                                            "parts, 0: prepare's default K (default -1: not)")
+    ap.add_argument("--policies", default="", help="also train these policies at their defaults, comma-separated "
+                                                    "(e.g. outre,marius,composed) (default none)")
+    ap.add_argument("--policy-parts", type=int, default=0, help="--policies train on a store of this many parts, 0: "
+                                                                  "prepare's default K (default 0)")
     ap.add_argument("--hb-variants", default="",
                     help="also train hierbatching on the first config's store with these knobs changed: sets of "
                          "KEY=VALUE joined by ',', sets separated by ';', e.g. 'static_ratio=0.05;passes=1,"
@@ -145,6 +154,8 @@ def main(argv=None):
     ap.add_argument("--budget-frac", type=float, default=1 / 3, help="budget as a fraction of the feature file "
                                                                        "(default 1/3)")
     ap.add_argument("--seeds", default="0,1,2", help="training seeds (default 0,1,2)")
+    ap.add_argument("--random-seeds", default="", help="training seeds on the random split (default: --seeds; the "
+                                                         "random split varies less between seeds)")
     ap.add_argument("--epochs", type=int, default=50, help="epochs per run (default 50)")
     ap.add_argument("--fanouts", default="10,10", help="fanouts (default 10,10)")
     ap.add_argument("--hidden", type=int, default=128, help="hidden width (default 128)")
@@ -153,6 +164,8 @@ def main(argv=None):
     ap.add_argument("--eval-nodes", type=int, default=2000, help="val/test nodes evaluated per epoch (default 2000)")
     ap.add_argument("--data", default=str(REPO / "data" / "mixing"), help="stores and runs go here (default data/mixing)")
     ap.add_argument("--device", default="auto", help="where the models train: auto | cpu | cuda (default auto)")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads per run, 0: the library default "
+                                                            "(default 0)")
     add_csv_argument(ap, "mixing.csv under --data")
     args = ap.parse_args(argv)
     import numpy as np
@@ -160,7 +173,13 @@ def main(argv=None):
     from benchmarks.sampler import loadavg
     from oocgnn.config import TrainConfig
     from oocgnn.mixing import default_parts
-    seeds = [int(s) for s in args.seeds.split(",") if s]
+    from oocgnn.policies import POLICIES
+    given_seeds = [int(s) for s in args.seeds.split(",") if s]
+    random_seeds = [int(s) for s in args.random_seeds.split(",") if s] or given_seeds
+    policies = [p for p in args.policies.split(",") if p]
+    unknown = [p for p in policies if p not in POLICIES]
+    if unknown:
+        ap.error(f"--policies: unknown {', '.join(unknown)} (known: {', '.join(sorted(POLICIES))})")
     configs = [tuple(int(x) for x in c.split(":")) for c in args.configs.split(",") if c]
     names = ["synthetic"] if args.preset else [d for d in args.datasets.split(",") if d]
     hb_variants = variants(args.hb_variants)      # a malformed one stops here, before any training
@@ -169,6 +188,7 @@ def main(argv=None):
         loaded = {}                                 # the dataset, read once for its splits
         for split in [s for s in args.splits.split(",") if s]:
             label = f"{Path(name).stem}-{split}"
+            seeds = random_seeds if split == "random" else given_seeds
             setup = {}
 
             def prepare():                         # the dataset, its first store and the budget: no row when ok
@@ -180,7 +200,7 @@ def main(argv=None):
                 base = TrainConfig(store=str(first.path), epochs=args.epochs, fanouts=args.fanouts,
                                    hidden=args.hidden, batch_size=args.batch_size, lr=args.lr,
                                    max_eval_nodes=args.eval_nodes, progress=False, memory_budget=f"{budget}B",
-                                   device=args.device)
+                                   device=args.device, threads=args.threads)
                 setup.update(data=data, k_default=k_default, first=first, base=base)
 
             if not table.run(label, prepare):
@@ -198,8 +218,7 @@ def main(argv=None):
             table.run(ref_key, reference, dataset=label, policy="inmemory", parts=first.num_parts, n_d="")
             runs = [("hierbatching", parts or k_default, n_d, {}) for parts, n_d in configs]
             runs += [("hierbatching", first.num_parts, 0, v) for v in hb_variants]
-            if args.outre >= 0:
-                runs.append(("outre", args.outre or k_default, 0, {}))
+            runs += [(policy, args.policy_parts or k_default, 0, {}) for policy in policies]
             for policy, parts, n_d, knobs in runs:
                 row = {"dataset": label, "policy": policy, "parts": parts,
                        "n_d": n_d or ("auto" if policy == "hierbatching" else ""),
