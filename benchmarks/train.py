@@ -350,7 +350,8 @@ def sim_verdict(simulated):
     return "DIFF"
 
 
-def main(argv=None):
+def parser() -> argparse.ArgumentParser:
+    """The command line (every flag with its default)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog=__doc__.split("\n\n", 1)[1])
@@ -416,6 +417,11 @@ def main(argv=None):
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--config", help=argparse.SUPPRESS)
     ap.add_argument("--limit-steps", type=int, default=0, help=argparse.SUPPRESS)
+    return ap
+
+
+def main(argv=None):
+    ap = parser()
     args = ap.parse_args(argv)
     if args.worker:
         return worker(args)
@@ -533,7 +539,27 @@ def main(argv=None):
         table.add(name, **{k: v for k, v in rows[-1].items() if k != "config"})
     by = {r["config"]: r for r in rows}
 
-    # ---- report ----
+    print_runs(rows, table, args, store, prep, limits, limits2)
+    print_stages(rows)
+    print_memory(rows, budget, parse_size(args.overhead))
+    print_ratios(by, names, table, dtypes)
+    print_throughput(rows, limits_all, feat_bytes)
+    print(f"\nloadavg at end: {loadavg()}; benchmark wall time {time.perf_counter() - t_all:.0f} s")
+    print(f"table: {table.path}" + (f" ({len(table.failed())} of {len(names)} configurations failed)"
+                                    if table.failed() else ""))
+    with open(data_dir / "bench" / "train-results.json", "w") as f:
+        json.dump({"rows": rows, "limits": [limits, limits2], "prepare": prep,
+                   "n_d": {str(k): None if isinstance(v, UserError) else v for k, v in megabatches.items()},
+                   "args": vars(args)}, f, indent=1, default=str)
+    if table.failed():
+        print(f"kept {out_dir} (the logs of the failed configurations)")
+    elif not args.keep:
+        shutil.rmtree(out_dir)
+
+
+def print_runs(rows, table, args, store, prep, limits, limits2):
+    """The table of runs: a row per configuration, the failed ones, what the columns mean, the simulated
+    reads against the executed and, with several rounds, every round's epoch time."""
     print(f"\nstore {store.path} ({prep_text(prep)})")
     print(f"device limits (before / after the runs): sequential 1 MiB {limits['seq_mib_s']:,.0f} / "
           f"{limits2['seq_mib_s']:,.0f} MiB/s, random 4 KiB {limits['rand_iops']:,.0f} / "
@@ -578,6 +604,10 @@ def main(argv=None):
         for r in rows:
             print(f"  {r['config']:<16} " + "  ".join(f"{x:.1f}" for x in r["epoch_s_all"]))
 
+
+
+def print_stages(rows):
+    """Each run's stage seconds, its GPU copies (on a GPU) and its topology reads."""
     print("\nstage seconds (load = waiting for the plan's ranges, sample, gather, h2d, compute in the step loop; "
           "bg_* = background\n  loader thread; bound by: the step loop's stage with the most seconds):")
     for r in rows:
@@ -604,7 +634,10 @@ def main(argv=None):
         print(f"  {r['config']:<16} {r['topology']:<7} {fmt_bytes(t.get('bytes_read', 0)):>10} in {t.get('calls', 0):,} "
               f"calls, {t.get('requests', 0):,} requests, {t.get('seconds', 0):.1f} s inside reads ({rate:,.0f} pages/s)")
 
-    overhead = parse_size(args.overhead)
+
+
+def print_memory(rows, budget, overhead):
+    """Peak RSS against budget + overhead, the cgroup cap and HierBatching's App. B rule."""
     print(f"\nmemory (peak RSS against budget {fmt_bytes(budget)} + overhead {fmt_bytes(overhead)} for the "
           "out-of-core configurations):")
     for r in rows:
@@ -631,6 +664,10 @@ def main(argv=None):
                   f"({fmt_bytes(u['A'])} + {fmt_bytes(u['B'])}) = {fmt_bytes(u['need'])} <= budget "
                   f"{fmt_bytes(u['budget'])}: {'holds' if u['holds'] else 'VIOLATED'}")
 
+
+
+def print_ratios(by, names, table, dtypes):
+    """Epoch-time ratios against the papers' claims, and compressed rows against the reference's."""
     print("\nratios of epoch time (same run):")
 
     def ratio(a, b, label, target=None, ok=None):
@@ -668,6 +705,11 @@ def main(argv=None):
         print(f"  per step: hierbatching p=2 {by['hierbatching']['step_s']:.3f} s, p=1 "
               f"{by['hierbatching-p1']['step_s']:.3f} s (p=2 has {by['hierbatching']['epoch_steps']} steps "
               f"an epoch, p=1 {by['hierbatching-p1']['epoch_steps']})")
+
+
+def print_throughput(rows, limits_all, feat_bytes):
+    """Read throughput against the device's measured limits."""
+    from oocgnn.policies import POLICIES
     print("\nachieved read throughput vs the device limit "
           f"(sequential {limits_all['seq_mib_s']:,.0f} MiB/s, random 4 KiB {limits_all['rand_iops']:,.0f} IOPS "
           f"= {limits_all['rand_iops'] * PAGE / MiB:,.0f} MiB/s):")
@@ -685,17 +727,6 @@ def main(argv=None):
               f"({frac}); {r['mbs_train']:,.0f} MiB/s over train time; {fmt_bytes(r['bytes_epoch'])} an epoch "
               f"= {r['bytes_epoch'] / feat_bytes:.1f}x the feature file; epoch {r['epoch_s']:.1f} s = "
               f"{r['epoch_s'] / disk_s:.2f}x its reads at the sequential limit ({disk_s:.1f} s)")
-    print(f"\nloadavg at end: {loadavg()}; benchmark wall time {time.perf_counter() - t_all:.0f} s")
-    print(f"table: {table.path}" + (f" ({len(table.failed())} of {len(names)} configurations failed)"
-                                    if table.failed() else ""))
-    with open(data_dir / "bench" / "train-results.json", "w") as f:
-        json.dump({"rows": rows, "limits": [limits, limits2], "prepare": prep,
-                   "n_d": {str(k): None if isinstance(v, UserError) else v for k, v in megabatches.items()},
-                   "args": vars(args)}, f, indent=1, default=str)
-    if table.failed():
-        print(f"kept {out_dir} (the logs of the failed configurations)")
-    elif not args.keep:
-        shutil.rmtree(out_dir)
 
 
 def prep_text(prep):
