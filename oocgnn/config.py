@@ -71,9 +71,9 @@ class TrainConfig:
     batch_size: int = setting(1024, "training nodes per mini-batch")
     accumulate: str = setting("auto", "label-balanced optimizer steps: on (a step accumulates the gradients of "
                                       "consecutive mini-batches until it has seen min(batch size, training nodes "
-                                      "× passes) labelled nodes, or its epoch ends) | off (a step per mini-batch, as the "
-                                      "papers) | auto (on where the plan's groups hold fewer labelled nodes than "
-                                      "that, and too few to carry the training set's label mix)")
+                                      "× passes) labelled nodes, or its epoch ends) | off (a step per mini-batch, "
+                                      "as the papers) | auto (on where the plan's groups hold fewer labelled nodes "
+                                      "than that, and too few to carry the training set's label mix)")
     hidden: int = setting(128, "hidden width")
     lr: float = setting(3e-3, "Adam learning rate")
     dropout: float = setting(0.5, "dropout between layers")

@@ -9,8 +9,9 @@ recover (`mixing` measures how far a group is from the training set). The optimi
 mini-batch: gradients accumulate over consecutive mini-batches until the step has seen `step_target`
 labelled nodes — min(batch size, training nodes), what one in-memory step sees (with p passes over each
 group, p times the training nodes) — or its epoch ends. Each mini-batch's loss is weighted by its share of
-the step's labelled nodes, so the step's gradient is the mean over all of them, as an in-memory batch's is. Sampling and residency are untouched: each mini-batch
-is still sampled inside its own group, while it is resident.
+the step's labelled nodes, so the step's gradient is the mean over all of them, as an in-memory batch's is.
+Sampling and residency are untouched: each mini-batch is still sampled inside its own group, while it is
+resident.
 
 `--accumulate on | off | auto`: off is a step per mini-batch (the papers'); auto is on where the plan's
 groups hold fewer labelled nodes, on average, than a step's target and so few that a random draw of as many
