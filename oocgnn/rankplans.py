@@ -84,20 +84,24 @@ class RankPlan:
         """(epoch, batch, step) of every batch of every chunk, in order: a step that loads nothing the loop
         must know of, with its seeds and its optimizer step (`optsteps`)."""
         target = optsteps.step_target(self.cfg.batch_size, len(self.data.train_idx), self.passes)
-        on = self.cfg.accumulate == "on"
-        if self.cfg.accumulate == "auto":                  # only auto looks at the groups and their labels
-            sizes = self.group_sizes()
-            own = np.asarray(self.data.train_idx, dtype=np.int64)
-            own = own[(own >= self.data.lo) & (own < self.data.hi)] - self.data.lo
-            hist = np.bincount(self.data.labels()[own], minlength=self.data.num_classes) if len(sizes) > 1 else None
-            on = optsteps.accumulates("auto", sizes, target, hist)
-        counter = optsteps.StepCounter(target, on)
+        counter = optsteps.StepCounter(target, self.accumulates(target))
         for epoch in range(epochs):
             for chunk in self.chunks(epoch):
                 for b, item in chunk:
                     seeds = self.seeds_of(item)
                     yield epoch, b, SimpleNamespace(enter_ranges=[], seeds=seeds, examples=len(seeds),
                                                     update=counter(epoch, len(seeds)))
+
+    def accumulates(self, target) -> bool:
+        """Whether its optimizer steps accumulate mini-batches towards `target` labelled nodes (`--accumulate`;
+        auto looks at its groups and their labels: `optsteps.accumulates`)."""
+        if self.cfg.accumulate != "auto":
+            return self.cfg.accumulate == "on"
+        sizes = self.group_sizes()
+        own = np.asarray(self.data.train_idx, dtype=np.int64)
+        own = own[(own >= self.data.lo) & (own < self.data.hi)] - self.data.lo
+        hist = np.bincount(self.data.labels()[own], minlength=self.data.num_classes) if len(sizes) > 1 else None
+        return optsteps.accumulates("auto", sizes, target, hist)
 
     def seeds_of(self, item) -> np.ndarray:
         """The training nodes of a chunk's batch item."""

@@ -147,27 +147,35 @@ class Plan:
         return max(1, min(int(cfg.batch_size), len(self.store.train_idx)))
 
     @property
+    def examples(self) -> int:
+        """What an epoch trains on: the labelled nodes (on a link store, the training edges)."""
+        return self.store.num_edges // 2 if self.task == "link" else len(self.store.train_idx)
+
+    @property
     def step_target(self) -> int:
         """Labelled nodes (on a link store, training edges) an optimizer step sees (`optsteps.step_target`)."""
         if self.cfg is None:                     # a bare schedule (analyses): a step per mini-batch
             return 1
-        examples = self.store.num_edges // 2 if self.task == "link" else len(self.store.train_idx)
-        return optsteps.step_target(self.cfg.batch_size, examples, self.schedule.passes)
+        return optsteps.step_target(self.cfg.batch_size, self.examples, self.schedule.passes)
 
     @cached_property
     def accumulate(self) -> bool:
-        """Whether optimizer steps accumulate mini-batches (`--accumulate`; auto: on where the plan's groups
-        hold fewer labelled nodes than a step's target; on a link store, off: no labels to balance)."""
+        """Whether optimizer steps accumulate mini-batches (`--accumulate`, `accumulates_on` its schedule)."""
+        return self.accumulates_on(self.schedule)
+
+    def accumulates_on(self, sched) -> bool:
+        """Whether steps accumulate over `sched`'s mini-batches: --accumulate on/off, or auto: on where its
+        groups hold fewer labelled nodes than a step's target; on a link store, off: no labels to balance."""
         if self.cfg is None or self.cfg.accumulate != "auto":   # on/off: no groups or labels to look at
             return self.cfg is not None and self.cfg.accumulate == "on"
         if self.task == "link":
             return False
-        sched = self.schedule
         sizes = [len(train) for _, train in sched.groups(0)] if hasattr(sched, "groups") else []
         train = np.asarray(self.store.train_idx, dtype=np.int64)
         hist = np.bincount(self.store.compact_labels()[train], minlength=int(self.store.num_classes)) \
             if len(sizes) > 1 else None
-        return optsteps.accumulates("auto", sizes, self.step_target, hist)
+        target = optsteps.step_target(self.cfg.batch_size, self.examples, sched.passes)
+        return optsteps.accumulates("auto", sizes, target, hist)
 
     def setup(self) -> list:
         """Steps of what is resident all run, loaded before the first step (outside the timed epochs),
