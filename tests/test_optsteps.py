@@ -110,6 +110,42 @@ def test_a_step_covers_the_training_set_once_a_pass_where_it_is_smaller_than_a_b
     assert step_target(1024, 200, 2.0) == 400 and step_target(256, 200, 2.0) == 256
 
 
+def test_passes_auto_is_one_where_an_epoch_is_one_step_at_any_p(fennel16, link16, tmp_path):
+    """--passes auto (the default): p = 1 where steps accumulate and 2·|train| <= B (an epoch is then one
+    optimizer step at p = 1 as at p = 2), the paper's 2 elsewhere: a batch under twice the training set, a step
+    per mini-batch, a link store (no labels to balance); a number asked is kept. The same for the composed
+    policy and for a rank's HierBatching."""
+    from oocgnn.policies import make_plan, passes_for
+    from oocgnn.rankplans import make_rank_plan
+    from oocgnn.sampler import Sampler
+    from oocgnn.shards import RankData
+    twice = 2 * len(fennel16.train_idx)
+    cases = [({"batch_size": twice}, 1.0), ({"batch_size": twice - 1}, 2.0),
+             ({"batch_size": twice, "accumulate": "off"}, 2.0), ({"batch_size": twice, "passes": 1.5}, 1.5),
+             ({"batch_size": twice, "policy": "composed", "superbatch": 2, "memory_budget": "16MB"}, 1.0),
+             ({"batch_size": twice - 1, "policy": "composed", "superbatch": 2, "memory_budget": "16MB"}, 2.0)]
+    for kw, p in cases:
+        plan = make_plan(fennel16, _cfg(fennel16, tmp_path / "run", parts_per_megabatch=2, **{"passes": "auto", **kw}))
+        assert plan.schedule.passes == p, kw
+        assert plan.accumulate == (kw.get("accumulate") != "off"), kw
+    plan = make_plan(fennel16, _cfg(fennel16, tmp_path / "run", parts_per_megabatch=2, batch_size=twice, passes="auto"))
+    assert plan.describe()["passes"] == 1.0 and plan.step_target == len(fennel16.train_idx)
+    steps = [(e, step.update, step.seeds) for e, _, step in plan.steps(2)]
+    assert [u for _, u, _ in steps] == [e for e, _, _ in steps], "one optimizer step an epoch"
+    seeds = np.concatenate([s for e, _, s in steps if e == 1])
+    np.testing.assert_array_equal(np.sort(seeds), np.sort(fennel16.train_idx))     # each training node once
+    link = make_plan(link16, _cfg(link16, tmp_path / "link", parts_per_megabatch=2, batch_size=10**6,
+                                    passes="auto", memory_budget="16MB"))
+    assert link.schedule.passes == 2.0 and not link.accumulate
+    assert passes_for(1024, 200, True) == 1.0 and passes_for(1024, 600, True) == passes_for(1024, 200, False) == 2.0
+    for kw, p in [({"batch_size": twice}, 1.0), ({"batch_size": twice, "accumulate": "off"}, 2.0)]:
+        cfg = _cfg(fennel16, tmp_path / "rank", passes="auto", static_ratio=0.05, memory_budget="400KB",
+                   fanouts="5,5", **kw)
+        data = RankData.open(fennel16.path, 2, 0)
+        lists = data.lists()
+        assert make_rank_plan(cfg, data, None, lists, Sampler(lists, [5, 5], 0), None).passes == p, kw
+
+
 def test_a_run_killed_inside_an_accumulated_step_resumes_to_the_same_log(fennel16, tmp_path, kill_at):
     kw = dict(parts_per_megabatch=2, batch_size=256, epochs=2)
     whole = train(_cfg(fennel16, tmp_path / "whole", **kw))

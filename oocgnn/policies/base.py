@@ -333,6 +333,19 @@ def resolved_staleness(plan, value) -> int:
     return max(1, min(STALENESS, round(per_epoch * STALENESS / PAPER_STEPS_PER_EPOCH)))
 
 
+def passes_or_auto(value):
+    """HierBatching's p: a number >= 1 (from the CLI's text too) or "auto"."""
+    if value == "auto":
+        return value
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        raise UserError(f"passes is a number >= 1 or auto, got {value!r}") from None
+    if not 1 <= value < float("inf"):
+        raise UserError(f"passes must be >= 1 (every training node at least once), got {value}")
+    return value
+
+
 def fraction_or_auto(name, value):
     """A setting that is a fraction in [0, 1] or "auto": the number (from the CLI's text too), or "auto"."""
     if isinstance(value, str) and value != "auto":

@@ -34,7 +34,7 @@ class ComposedPlan(SampleAheadPlan, HierBatchingPlan):
     class Options:
         parts_per_megabatch: int = shared(HierBatchingPlan.Options, "parts_per_megabatch")
         static_ratio: float = shared(HierBatchingPlan.Options, "static_ratio")
-        passes: float = shared(HierBatchingPlan.Options, "passes")
+        passes: float | str = shared(HierBatchingPlan.Options, "passes")
         static_scope: str = shared(HierBatchingPlan.Options, "static_scope")
         pipeline: bool = shared(HierBatchingPlan.Options, "pipeline")
         regroup: str = shared(HierBatchingPlan.Options, "regroup")
@@ -46,9 +46,12 @@ class ComposedPlan(SampleAheadPlan, HierBatchingPlan):
                                        "(off: sampling covers the graph; rows outside the mega-batch and static "
                                        "set are read through the Belady cache)")
 
-        def __post_init__(self):            # each part's options check their own settings
+        def __post_init__(self):            # each part's options check (and read: "1" is 1.0) their own settings
             for part in (HierBatchingPlan.Options, GinexPlan.Options, OutrePlan.Options):
-                part(**{f.name: getattr(self, f.name) for f in fields(part) if f.name in self.__dataclass_fields__})
+                names = [f.name for f in fields(part) if f.name in self.__dataclass_fields__]
+                checked = part(**{name: getattr(self, name) for name in names})
+                for name in names:
+                    setattr(self, name, getattr(checked, name))
 
     def __init__(self, store, cfg):
         self.cache_rows = 0
@@ -147,7 +150,7 @@ class ComposedPlan(SampleAheadPlan, HierBatchingPlan):
     def describe(self):
         o = self.options
         return {"composed": {
-            "megabatch": {"parts": self.n_d, "r_s": self.static_ratio, "passes": o.passes,
+            "megabatch": {"parts": self.n_d, "r_s": self.static_ratio, "passes": self.schedule.passes,
                           "static_scope": o.static_scope, "pipeline": self.pipeline, "induced": self.induces,
                           "buffer_rows": self.group_rows(), "static_rows": self.setup_rows()},
             "belady": {"superbatch": self.lookahead, "cache_rows": self.cache_rows},
