@@ -38,9 +38,9 @@ def passes_for(batch_size, num_train, accumulating) -> float:
     """HierBatching's p by default (`--passes auto`): the paper's 2, or 1 where steps accumulate and
     2·|train| <= B. Passes reuse a loaded mega-batch for more updates (App. B); with label-balanced steps
     (`optsteps`) over a training set that small, an epoch is one optimizer step at p = 1 as at p = 2, so a
-    second pass only doubles the step's samples and compute. Issue 37's protocol, 7 seeds: p = 1 gave cora's
-    random split +0.4 (paired, 6 of 7 seeds up), cora's given split +0.1, coauthor_cs's given split +0.1,
-    in half the epoch."""
+    second pass only doubles the step's samples and compute. Issue 37's protocol (README): every row within
+    its seeds' spread of p = 2's but cora's random split, +0.4 for HierBatching (paired, 6 of 7 seeds up)
+    and +0.5 for composed (7 of 7), in half the epoch."""
     return 1.0 if accumulating and PAPER_PASSES * int(num_train) <= int(batch_size) else PAPER_PASSES
 
 
