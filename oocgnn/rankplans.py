@@ -34,7 +34,7 @@ from .distributed import (TRAFFIC, Exchange, RankFeatures, batch_key, fetch_macr
 from .errors import UserError
 from .io import IOStats, range_chunks
 from .metrics import Tally
-from .policies import evened, fitting_parts, lowered_until, resolve_passes, resolve_static_ratio
+from .policies import evened, fitting_parts, lowered_until, passes_for, resolve_static_ratio
 from .policies.sampleahead import MacrobatchPlan as BatchGNNPlan
 from .sampler import Sampler
 
@@ -174,8 +174,8 @@ class MegabatchPlan(RankPlan):
         self.static_ids = np.sort(np.argsort(-degree, kind="stable")[:k]).astype(np.int64) + data.lo
         self.n_d = self._n_d()
         train, asked = len(data.train_idx), cfg.get("passes")    # auto: from its groups (p changes none of them)
-        self.passes = resolve_passes(asked, cfg.batch_size, train,
-                                     asked == "auto" and self.accumulates(optsteps.step_target(cfg.batch_size, train)))
+        self.passes = float(asked) if asked != "auto" else \
+            passes_for(cfg.batch_size, train, self.accumulates(optsteps.step_target(cfg.batch_size, train)))
         self.reader = data.reader("direct")
         self.static_rows = self._read(self.static_ids)
         self.current, self.rows, self.visible = None, None, None

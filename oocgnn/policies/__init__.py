@@ -35,7 +35,7 @@ from .base import REGISTRY, HistorySpec, Plan, SchedulePlan, fraction_or_auto, r
 from .baselines import InMemoryPlan, MmapPlan
 from .composed import ComposedPlan
 from .hierbatching import (PAPER_PASSES, STATIC_RATIO, STATIC_SHARE, HierBatchingPlan, evened, fitting_parts,
-                           lowered_until, passes_for, resolve_passes, resolve_static_ratio, static_ratio_for)
+                           lowered_until, passes_for, resolve_static_ratio, static_ratio_for)
 from .marius import MariusPlan
 from .outre import OutrePlan
 from .packed import PackedPlan
@@ -45,7 +45,7 @@ __all__ = ["POLICIES", "REGISTRY", "register", "make_plan", "as_plan", "Plan", "
            "setting", "shared", "fraction_or_auto", "InMemoryPlan", "MmapPlan", "HierBatchingPlan", "OutrePlan", "SampleAheadPlan",
            "GinexPlan", "MacrobatchPlan", "MariusPlan", "ComposedPlan", "PackedPlan", "STATIC_RATIO", "STATIC_SHARE",
            "static_ratio_for", "resolve_static_ratio", "lowered_until", "fitting_parts", "evened", "PAPER_PASSES",
-           "passes_for", "resolve_passes"]
+           "passes_for"]
 
 
 def _import_every_module():

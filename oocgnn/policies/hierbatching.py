@@ -44,11 +44,6 @@ def passes_for(batch_size, num_train, accumulating) -> float:
     return 1.0 if accumulating and PAPER_PASSES * int(num_train) <= int(batch_size) else PAPER_PASSES
 
 
-def resolve_passes(asked, batch_size, num_train, accumulating) -> float:
-    """p for a `--passes` setting: the number asked, or (auto) `passes_for` this training set."""
-    return passes_for(batch_size, num_train, accumulating) if asked == "auto" else float(asked)
-
-
 def lowered_until(fits, r_s) -> float:
     """r_s auto where a budget holds no mega-batch beside it: halved until `fits(r_s)` (0 at the end): the
     static rows give way to the mega-batch they serve."""
@@ -234,8 +229,8 @@ class HierBatchingPlan(Plan):
                                           negative_pool=self._pool, **params)
         else:
             sched = make_schedule("megabatch", self.store, **params)
-        # auto: p from whether its steps accumulate (which reads its groups: p changes none of them)
-        sched.passes = resolve_passes(o.passes, self.cfg.batch_size, self.examples, self.accumulates_on(sched))
+        if o.passes == "auto":    # p from whether its steps accumulate (which reads its groups: p changes none)
+            sched.passes = passes_for(self.cfg.batch_size, self.examples, self.accumulates_on(sched))
         return sched
 
     @property
