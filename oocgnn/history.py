@@ -73,7 +73,7 @@ class HistoryStamps:
     int64 [k] (−1: empty).
 
     Reuse rule (OUTRE §4.3, code `|t − stamp| < STALENESS`): a candidate is fresh at
-    iteration t iff stamp ≥ 0 and t − stamp < staleness, so staleness=1 never reuses.
+    iteration t iff stamp ≥ 0 and t − stamp < staleness, so staleness=1 never reuses across steps.
     `t` is a global iteration counter, non-decreasing across epochs: the optimizer step (`optsteps`; one per
     mini-batch unless steps accumulate), so that within one step, whose weights do not change, a history stays fresh.
     """

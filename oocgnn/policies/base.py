@@ -326,7 +326,8 @@ def resolved_staleness(plan, value) -> int:
     §6; 1.7 % and 0.17 % of an epoch on its larger graphs), in this plan's optimizer steps an epoch, at most
     100: on a graph of few steps an epoch, 100 steps are many epochs, and histories that old cost accuracy
     (cora's given split, one label-balanced step an epoch: a history pushed at epoch 3 was reused until the
-    last, -1.1 pt against inmemory over 7 seeds; +0.3 at staleness 1). 1 (no reuse) below 23 steps an epoch."""
+    last, -1.1 pt against inmemory over 7 seeds; +0.3 at staleness 1). 1 (no reuse across optimizer steps)
+    below 23 steps an epoch."""
     if value != "auto":
         return int(value)
     per_epoch = len({step.update for _, _, step in plan.steps(1)})

@@ -38,8 +38,10 @@ class OutrePlan(Plan):
                                                      "predicts saves the most reads (OUTRE Eq. 5)")
         history_by: str = setting("importance", "history nodes by importance (OUTRE's pruned-subtree size) | degree")
         staleness: int | str = setting("auto", "reuse a history while younger than this many optimizer steps (1: "
-                                               "never), or auto: OUTRE's 100 as the share of an epoch it is on "
-                                               "papers100M (1/15), at most 100 (resolved_staleness)")
+                                               "only within the step that pushed it, whose weights are the "
+                                               "same: never where a step is one mini-batch), or auto: OUTRE's "
+                                               "100 as the share of an epoch it is on papers100M (1/15), at "
+                                               "most 100 (resolved_staleness)")
 
         def __post_init__(self):
             if self.parts_per_macro < 1:
