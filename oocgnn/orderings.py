@@ -86,13 +86,8 @@ def comet_shape(p: int, c: int, l: int) -> tuple[int, int]:
 
 
 def auto_logical(p: int, c: int) -> int:
-    """MariusGNN §6's rule: the fewest logical partitions l with p/c = l/c_l and c_l >= 2: l = 2p/c (two in
-    the buffer) where that splits p and c evenly, else the next l that does (p = 16, c = 6: l = 8, three in
-    the buffer; at worst l = p). So every c >= 2 has a shape, and the rule's first step, the largest c
-    memory holds, is not cut to the c dividing 2p. c < 2 has none (`comet_shape` refuses its 2p/c)."""
-    if c < 2:
-        return 2 * p // max(c, 1)
-    return next(l for l in range(-(-2 * p // c), p + 1) if p % l == 0 and (c * l) % p == 0)
+    """MariusGNN §6's rule: l = 2p/c, two logical partitions in the buffer."""
+    return 2 * p // c
 
 
 def swap_size(ordering: str, p: int, c: int, l: int = 0) -> int:
