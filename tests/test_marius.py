@@ -1,6 +1,7 @@
 """MariusGNN's partition buffer against its oracles: orderings against brute-force counts and the
 closed forms of the digest, edge buckets against the store's lists, the buffer's subgraph and samples
 against sampling the whole lists inside the same nodes, and clear errors for what does not fit."""
+import contextlib
 import itertools
 import json
 import os
@@ -66,6 +67,46 @@ def test_comet_refuses_shapes_it_cannot_make_and_says_which_would_do():
     with pytest.raises(UserError, match=r"choose l from \[8, 16\]"):
         comet_shape(16, 4, 6)
     assert auto_logical(16, 4) == 8 and comet_shape(16, 4, 8) == (2, 2)
+
+
+def test_auto_logical_is_mariusgnns_fewest_l_that_still_groups_partitions():
+    """MariusGNN §6: the fewest l with p/c = l/c_l and c_l >= 2 (2p/c where that splits p); where 2p/c does not,
+    the fewest such l below p (logical partitions of at least two physical ones), against a brute-force search
+    of the shapes comet_shape accepts. A c with no such l keeps 2p/c, which comet_shape refuses."""
+    for p in (2, 6, 8, 12, 16, 64):
+        for c in range(2, p + 1):
+            fits = []
+            for l in range(1, p + 1):
+                with contextlib.suppress(UserError):
+                    comet_shape(p, c, l)
+                    fits.append(l)
+            grouping = [l for l in fits if l < p or l == 2 * p // c]
+            if grouping:
+                assert auto_logical(p, c) == min(grouping)
+            else:
+                with pytest.raises(UserError):
+                    comet_shape(p, c, auto_logical(p, c))
+            if (2 * p) % c == 0 and p % (2 * p // c) == 0:
+                assert auto_logical(p, c) == 2 * p // c
+    assert auto_logical(16, 6) == 8 and comet_shape(16, 6, 8) == (2, 3)
+    assert auto_logical(16, 12) == 4 and comet_shape(16, 12, 4) == (4, 3)
+    assert auto_logical(16, 2) == 16
+    with pytest.raises(UserError):
+        comet_shape(16, 5, auto_logical(16, 5))
+
+
+def test_the_budget_gets_a_buffer_of_any_size_comet_can_group(fennel16, tmp_path):
+    """A budget that holds six of 16 partitions but not seven gets c = 6 (l = 8, three logical partitions in
+    the buffer) without a prefetch slot, not c = 4 with one; one that holds five but not six gets c = 4 (c = 5
+    groups only as l = 16, no grouping)."""
+    probe = make_plan(fennel16, _cfg(fennel16, tmp_path, memory_budget="1GB", prefetch="off"))
+    assert 5 not in probe.valid_c() and {4, 6, 10, 12} <= set(probe.valid_c())
+    budget = probe._need(6, False)
+    plan = make_plan(fennel16, _cfg(fennel16, tmp_path, memory_budget=str(budget)))
+    assert (plan.c, plan.buffer()["l"], plan.buffer()["prefetch"]) == (6, 8, False)
+    assert sum(plan.memory().values()) <= budget < plan._need(7, False)
+    plan = make_plan(fennel16, _cfg(fennel16, tmp_path, memory_budget=str(budget - 1)))
+    assert plan.c == 4 and plan._need(5, False) <= budget - 1
 
 
 def test_sequential_holds_each_partition_once():
@@ -218,7 +259,8 @@ def test_the_buffer_samples_as_the_whole_lists_inside_it(fennel16, tmp_path, ord
 def test_budget_picks_the_largest_buffer_and_errors_say_what_fits(fennel16, tmp_path):
     small, large = (make_plan(fennel16, _cfg(fennel16, tmp_path, memory_budget=b)) for b in ("1600KB", "4MB"))
     assert small.c < large.c and all(sum(p.memory().values()) <= p.budget for p in (small, large))
-    assert small.c in small.valid_c() and small.c % 2 == 0
+    assert small.c in small.valid_c() and min(c for c in small.valid_c() if c > small.c) not in [
+        c for c in small.valid_c() if small._need(c, False) <= small.budget]
     with pytest.raises(UserError, match="smallest buffer .* raise the budget"):
         make_plan(fennel16, _cfg(fennel16, tmp_path, memory_budget="300KB"))
     with pytest.raises(UserError, match="--memory-budget"):

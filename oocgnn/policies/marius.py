@@ -37,7 +37,8 @@ class MariusPlan(Plan):
                                           "store's parts)")
         buffer_parts: int = setting(0, "c: physical partitions in the buffer (0: the most the budget holds)")
         ordering: str = setting("comet", "buffer states: comet (MariusGNN) | beta (Marius) | sequential (control)")
-        logical_parts: int = setting(0, "l: COMET's logical partitions (0: MariusGNN's rule l = 2p/c)")
+        logical_parts: int = setting(0, "l: COMET's logical partitions (0: MariusGNN's rule, 2p/c; where that "
+                                      "does not split p and c, the fewest l < p with c·l/p whole, >= 2)")
         prefetch: str = setting("auto", "load the next state's partitions and buckets while this one trains: on | "
                                         "off | auto (on where the budget holds its slot beside the largest buffer c "
                                         "it holds without one: never a smaller c for it)")
