@@ -282,8 +282,17 @@ def run_loop(cfg, run, store, plan, runtime, t_enter, device, mix, ranks=None, f
         rows_io, lists_io = runtime.eval_io()
         return (rows_io if not evaluator.reads_in_run else excluded - setup_io) + lists_io
 
+    def settle():
+        """Wait for the load running ahead (a mega-batch's or a state's), so that a row counts every load issued
+        so far whatever the disk's speed; the wait is training's, as the next load would have waited."""
+        t = time.perf_counter()
+        with timers("load"):
+            runtime.loader.pending_io()
+        st["train_s"] += time.perf_counter() - t
+
     def log_eval(epoch, step):
         add_losses(losses.flush())
+        settle()
         before = runtime.io()
         with timers("eval"):
             got = task.evaluate(evaluator, model)

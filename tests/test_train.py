@@ -1,5 +1,6 @@
 """The baseline executor: run files, the mmap-vs-inmemory oracle, the memory cap, models."""
 import json
+import time
 import subprocess
 import sys
 import os
@@ -155,6 +156,26 @@ def test_layerwise_evaluation_equals_one_batch_evaluation_in_a_run(fennel16, tmp
     assert a["eval_budget"] == max(0, left)
     if policy == "hierbatching":
         assert a["eval_budget"] < a["eval_memory"]["input_rows"] and "input_rows" in a["eval_spilled"]
+
+
+def test_a_rows_reads_do_not_depend_on_how_fast_the_disk_is(fennel16, tmp_path, monkeypatch):
+    """A row of the log counts every load issued so far, the one running ahead included: a disk slow
+    enough that the next mega-batch is still loading at every evaluation logs the same reads."""
+    import oocgnn.runtime as rt
+    kw = {"policy": "hierbatching", "memory_budget": "3MB", "parts_per_megabatch": 4, "epochs": 2,
+          "eval_every": 2, "max_eval_nodes": 300}
+    fast = _run(fennel16, tmp_path / "fast", **kw)
+    read = rt.RangeLoader._read
+
+    def slow(self, step, half):
+        time.sleep(0.3)
+        return read(self, step, half)
+
+    monkeypatch.setattr(rt.RangeLoader, "_read", slow)
+    slow_run = _run(fennel16, tmp_path / "slow", **kw)
+    assert slow_run["stage_s"]["load"] > 1.0, "the slow run waited for its loads"
+    for col in ("bytes_read", "requests", "val_acc"):
+        assert list(fast["log"][col]) == list(slow_run["log"][col]), col
 
 
 def test_train_fresh_runs_in_a_new_process_and_trains_the_same(tiny_store, tmp_path):
