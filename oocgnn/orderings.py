@@ -75,11 +75,16 @@ def comet_states(p: int, c: int, l: int, rng) -> list[list[int]]:
     return [sorted(int(x) for g in state for x in groups[g]) for state in beta_states(l, c_l, rng)]
 
 
+def _splits(p: int, c: int, l: int) -> bool:
+    """Whether l logical partitions split p and c evenly with at least two in the buffer (MariusGNN §5.1)."""
+    return p % l == 0 and (c * l) % p == 0 and c * l // p >= 2
+
+
 def comet_shape(p: int, c: int, l: int) -> tuple[int, int]:
     """(r, c_l): physical partitions per logical one and logical partitions in the buffer; refuses an l
     that does not split p and c evenly (MariusGNN §5.1: p/c = l/c_l) or leaves fewer than 2 in the buffer."""
-    if l < 2 or p % l or (c * l) % p or c * l // p < 2:
-        divisors = [k for k in range(2, p + 1) if p % k == 0 and (c * k) % p == 0 and c * k // p >= 2]
+    if l < 2 or not _splits(p, c, l):
+        divisors = [k for k in range(2, p + 1) if _splits(p, c, k)]
         raise UserError(f"COMET needs l logical partitions with p/l and c·l/p whole and c·l/p >= 2 "
                         f"(p={p}, c={c}); l={l} does not: choose l from {divisors or 'none (raise c)'}")
     return p // l, c * l // p
@@ -95,7 +100,7 @@ def auto_logical(p: int, c: int) -> int:
     c = 4, l = 8 lost 0.5)."""
     mariusgnn = 2 * p // max(c, 1)
     return next((l for l in range(max(mariusgnn, 2), p + 1)
-                 if p % l == 0 and (c * l) % p == 0 and c * l // p >= 2 and (l < p or l == mariusgnn)), mariusgnn)
+                 if _splits(p, c, l) and (l < p or l == mariusgnn)), mariusgnn)
 
 
 def swap_size(ordering: str, p: int, c: int, l: int = 0) -> int:
