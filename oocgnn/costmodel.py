@@ -35,6 +35,7 @@ from types import SimpleNamespace
 import numpy as np
 import pandas as pd
 
+from .adam import Adam
 from .buckets import buffer_csc
 from .cache import PageLRUCache, replay
 from .disk import CACHE_VERSION, DiskRates, cache_dir, load_cached, save_cached
@@ -256,7 +257,7 @@ def _calibrate_optimizer_step(store, cfg, repeats=20) -> float:
         model = build_link_model(cfg, store.feat_dim)
     else:
         model = build_model(cfg.model, store.feat_dim, cfg.hidden, store.num_classes, cfg.layers, cfg.dropout)
-    opt = torch.optim.Adam(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    opt = Adam(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     for p in model.parameters():
         p.grad = torch.randn_like(p)
     times = []

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from . import optsteps
+from .adam import Adam
 from .device import LossMeter, autocast, cuda_host_memory
 from .errors import UserError
 from .evaluation import LayerwiseEval, eval_budget
@@ -249,7 +250,7 @@ def run_loop(cfg, run, store, plan, runtime, t_enter, device, mix, ranks=None, f
         task = NodeTask(cfg, store, runtime, ranks)
     model = task.build_model()
     model.to(device)                               # initialised on the CPU: the same weights on any device
-    opt = torch.optim.Adam(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    opt = Adam(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     losses = LossMeter(device)                     # on a GPU, read one step late (no sync per step)
     log_columns = task.columns + EVAL_LOG_COLUMNS + list(runtime.log_fields())
 
