@@ -38,7 +38,7 @@ if not (CHROMIUM and CHROMEDRIVER):
                 allow_module_level=True)
 
 # notebook 04 on `tiny`: every section runs in seconds, the widget's sweep is two one-epoch runs
-NB04_TINY = {"dataset": "tiny", "parts": 16, "epochs": 1, "max_eval_nodes": 500, "parts_per_megabatch": 4,
+NB04_TINY = {"dataset": "tiny", "seeds": [0], "parts": 16, "epochs": 1, "max_eval_nodes": 500, "parts_per_megabatch": 4,
              "parts_per_macro": 4, "sweep_epochs": 1, "staleness_epochs": 1, "fixed_budget_parts": 6,
              "fixed_budget_n_d": [6, 4], "static_ratio_sweep": [0.0, 0.01], "passes_sweep": [1.0, 2.0],
              "staleness_sweep": [1, 10]}
