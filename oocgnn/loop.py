@@ -285,7 +285,10 @@ def run_loop(cfg, run, store, plan, runtime, t_enter, device, mix, ranks=None, f
 
     def settle():
         """Wait for the load running ahead (a mega-batch's or a state's), so that a row counts every load issued
-        so far whatever the disk's speed; the wait is training's, as the next load would have waited."""
+        so far whatever the disk's speed; the wait is training's, as the next load would have waited. With none
+        running there is nothing to time (the row at step 0 of a policy without loads stays at 0 s)."""
+        if runtime.loader.pending is None:
+            return
         t = time.perf_counter()
         with timers("load"):
             runtime.loader.pending_io()

@@ -319,7 +319,7 @@ class ExchangeRuntime:
         self.plan = make_rank_plan(cfg, data, self.features, self.lists, self.sampler, self.exchange)
         self.h2d = HostToDevice(device)
         self.timers = {}
-        self.loader = SimpleNamespace(pending_io=lambda: (IOStats(), IOStats()))
+        self.loader = SimpleNamespace(pending=None, pending_io=lambda: (IOStats(), IOStats()))
         self.cached = SimpleNamespace(reader=self.features.reader)
         self.history_hits = 0
         self.samples = self.gather = None

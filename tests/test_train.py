@@ -233,3 +233,19 @@ def test_weight_decay_reaches_the_optimizer(tiny_store, tmp_path):
     assert a["log"]["train_loss"].iloc[-1] != b["log"]["train_loss"].iloc[-1]
     groups = torch.load(tmp_path / "b" / "checkpoint.pt", weights_only=False)["opt"]["param_groups"]
     assert {g["weight_decay"] for g in groups} == {0.05}
+
+
+def test_the_first_row_is_at_zero_seconds_when_nothing_loads_ahead(tiny_store, tmp_path, monkeypatch):
+    """A row waits for a load running ahead (`settle`); with none running it times nothing, however slow
+    asking is (here 50 ms), so step 0's row of an in-memory run stays at 0 s."""
+    import time as _time
+    from oocgnn.runtime import RangeLoader
+    asked = RangeLoader.pending_io
+
+    def slow(self):
+        _time.sleep(0.05)
+        return asked(self)
+    monkeypatch.setattr(RangeLoader, "pending_io", slow)
+    _run(tiny_store, tmp_path)
+    log = pd.read_csv(tmp_path / "inmemory" / "log.csv")
+    assert log["wall_s"].iloc[0] == 0 and log["wall_s"].is_monotonic_increasing
