@@ -90,7 +90,7 @@ def _metrics_line(s, target_metric, show=_accuracy) -> str:
 
 
 def _cmd_train(args):
-    from .config import TrainConfig
+    from .config import TrainConfig, task_defaults
     from .train import train
     cfg = TrainConfig.create(**_settings_from(args))
     if cfg.seeds:
@@ -168,7 +168,7 @@ def _cmd_compare(args):
     from .compare import PRIMING, compare, default_budget, task_policies
     from .device import resolve_device
     from .config import TrainConfig
-    from .metrics import summary_keys, task_target
+    from .metrics import summary_keys
     from .plots import plot_comparison, save_figure
     from .policies import POLICIES
     from .store import open_store
@@ -176,7 +176,7 @@ def _cmd_compare(args):
     settings = _settings_from(args)
     store = open_store(settings["store"], verify=False)
     settings.setdefault("memory_budget", default_budget(store))
-    cfg = task_target(TrainConfig.create(**settings), getattr(store, "task", "node"))
+    cfg = task_defaults(TrainConfig.create(**settings), getattr(store, "task", "node"))
     policies = [p for p in args.policies.split(",") if p] if args.policies else task_policies(store)
     unknown = [p for p in policies if p not in POLICIES]
     if unknown or len(set(policies)) != len(policies):

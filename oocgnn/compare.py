@@ -23,9 +23,9 @@ from pathlib import Path
 import pandas as pd
 
 from .benchtable import BenchTable
-from .config import TrainConfig
+from .config import TrainConfig, task_defaults
 from .errors import UserError
-from .metrics import SHARED_HITS, check_target, shared_negatives, summary_keys, task_target
+from .metrics import SHARED_HITS, check_target, shared_negatives, summary_keys
 from .policies import POLICIES, make_plan
 from .store import open_store
 from .tune import GRID
@@ -125,13 +125,13 @@ def compare(cfg: TrainConfig, policies=DEFAULT_POLICIES, out="runs/compare", tar
     not fit or failed —, epoch time, time to `target`, accuracy, bytes read, memory), every run's log.csv
     rows labelled by policy, and the validation value of `cfg.target_metric` the times are measured to
     (`target_acc`, else `TARGET_SHARE` of the best any policy reached). `warm`: prime numba's cache first
-    (`prime`). On a link store the target metric is MRR (`metrics.task_target`) and a policy that does not train
+    (`prime`). On a link store the target metric is MRR (`config.task_defaults`) and a policy that does not train
     link prediction is a row saying so."""
     from .train import train_fresh  # torch: imported when used, not with this module
     from tqdm.auto import tqdm
     store = open_store(cfg.store, verify=False)
     task = getattr(store, "task", "node")
-    cfg = task_target(cfg, task)
+    cfg = task_defaults(cfg, task)
     check_target(cfg.target_metric, store.num_classes, task, shared_negatives(store))
     able = task_policies(store, policies)
     feature_bytes = store.num_nodes * store.row_stride

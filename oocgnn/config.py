@@ -232,6 +232,14 @@ class TrainConfig:
 POLICY_OPTIONS = [p for p, plan in POLICIES.items() if plan.Options is not None]
 
 
+def task_defaults(cfg: TrainConfig, task: str) -> TrainConfig:
+    """`cfg` with a link store's defaults for the settings not given: MRR as the target metric (acc, the default,
+    is a node store's)."""
+    if task == "link" and cfg.target_metric == "acc" and "target_metric" not in getattr(cfg, "given", ()):
+        return cfg.replace(target_metric="mrr")
+    return cfg
+
+
 def _settings() -> tuple[dict, dict]:
     """(name -> (policy owning it first or None, dataclass field), every setting once; name -> the
     policies owning it). Policies may share a setting (`policies.shared`) only with the same default

@@ -108,14 +108,6 @@ def shared_negatives(store) -> bool:
     return getattr(store, "task", "node") == "link" and store.meta["link"]["negatives"] == "pairs"
 
 
-def task_target(cfg, task: str):
-    """`cfg` with a link store's target metric: MRR where --target-metric was not given (acc, the default, is a
-    node store's)."""
-    if task == "link" and cfg.target_metric == "acc" and "target_metric" not in getattr(cfg, "given", ()):
-        return cfg.replace(target_metric="mrr")
-    return cfg
-
-
 def check_target(metric: str, num_classes: int, task: str = "node", shared: bool = False):
     """Refuse --target-metric auc on labels that are not binary, a node metric on a link store, a link metric on a
     node store, and OGB's shared-negative Hits@K on a link store without OGB's shared negative pairs (`shared`)."""

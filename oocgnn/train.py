@@ -22,12 +22,12 @@ from pathlib import Path
 
 import torch
 
-from .config import TrainConfig
+from .config import TrainConfig, task_defaults
 from .device import cuda_host_memory, resolve_device
 from .disttrain import exchanges, joined, rank_config
 from .errors import UserError
 from .loop import Ranks, run_loop, seed_everything
-from .metrics import check_target, shared_negatives, task_target
+from .metrics import check_target, shared_negatives
 from .mixing import mixing
 from .policies import make_plan
 from .rundir import RunDir, check_same_store, default_run_dir, read_json, resumed_config
@@ -66,7 +66,7 @@ def _train(cfg, run, ranks, t_enter) -> dict:
     store = None if own_rows else open_store(cfg.store)   # a bad store is refused before --out is made
     if store is not None and store.task == "link":
         from .linktask import check_settings
-        cfg = task_target(cfg, store.task)           # the default (acc) of a node store: a link store's is MRR
+        cfg = task_defaults(cfg, store.task)         # a link store's defaults (MRR, ...) where not given
         check_target(cfg.target_metric, store.num_classes, store.task, shared_negatives(store))
         check_settings(cfg, store)
     elif store is not None:

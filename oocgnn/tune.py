@@ -24,10 +24,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from .config import task_defaults
 from .costmodel import calibrate, predict
 from .disk import measure_disk
 from .errors import UserError
-from .metrics import LINK_METRICS, METRICS, NAMES, SHARED_HITS, check_target, shared_negatives, summary_keys, task_target
+from .metrics import LINK_METRICS, METRICS, NAMES, SHARED_HITS, check_target, shared_negatives, summary_keys
 from .mixing import mixing
 from .plots import save_figure
 from .policies import POLICIES, make_plan
@@ -163,7 +164,7 @@ def tune(cfg, out, top=3, time_limit=0.0, predict_steps=None, policies=None, cac
     if others:                                     # an interrupted tune left only its own: taken again
         raise UserError(f"{out} holds other files ({', '.join(others[:3])}); give --out a new or a tune directory")
     store = open_store(cfg.store)
-    cfg = task_target(cfg, store.task)             # a link store's: MRR
+    cfg = task_defaults(cfg, store.task)           # a link store's defaults where not given
     check_target(cfg.target_metric, store.num_classes, store.task, shared_negatives(store))
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
