@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from oocgnn.cli import main
-from oocgnn.config import TrainConfig
+from oocgnn.config import TrainConfig, task_defaults
 from oocgnn.errors import UserError
 from oocgnn.linkmetrics import snap_ties
 from oocgnn.linktask import EVAL_SEED, build_link_model
@@ -83,6 +83,21 @@ def test_a_link_run_is_deterministic(small_link, tmp_path):
     la, lb = (pd.read_csv(tmp_path / name / "log.csv") for name in ("a", "b"))
     assert la["train_loss"].equals(lb["train_loss"]) and la["val_mrr"].equals(lb["val_mrr"])
     assert a["best_val_mrr"] == b["best_val_mrr"]
+
+
+def test_a_link_store_trains_without_weight_decay_unless_one_is_given(small_link, tmp_path):
+    """A link store's default weight decay is 0 (`config.task_defaults`): a run left at the default trains exactly as
+    one given 0, one given 5e-4 (the node default) keeps it, and a node store's default is untouched."""
+    runs = {name: train(_cfg(small_link, tmp_path, name, epochs=1, **kw))
+            for name, kw in (("default", {}), ("zero", {"weight_decay": 0.0}), ("given", {"weight_decay": 5e-4}))}
+    saved = {name: json.loads((tmp_path / name / "config.json").read_text()) for name in runs}
+    assert [saved[n]["weight_decay"] for n in ("default", "zero", "given")] == [0.0, 0.0, 5e-4]
+    logs = {name: pd.read_csv(tmp_path / name / "log.csv") for name in runs}
+    assert logs["default"]["train_loss"].equals(logs["zero"]["train_loss"])
+    assert not logs["default"]["train_loss"].equals(logs["given"]["train_loss"])
+    node = TrainConfig.create(store="s")
+    assert task_defaults(node, "node").weight_decay == 5e-4
+    assert task_defaults(node, "link").weight_decay == 0.0 and task_defaults(node, "link").given == node.given
 
 
 def test_held_out_edges_never_reach_a_sampled_block(small_link):
