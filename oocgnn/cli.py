@@ -90,7 +90,7 @@ def _metrics_line(s, target_metric, show=_accuracy) -> str:
 
 
 def _cmd_train(args):
-    from .config import TrainConfig, task_defaults
+    from .config import TrainConfig
     from .train import train
     cfg = TrainConfig.create(**_settings_from(args))
     if cfg.seeds:
@@ -167,7 +167,7 @@ def _cmd_compare(args):
     import pandas as pd
     from .compare import PRIMING, compare, default_budget, task_policies
     from .device import resolve_device
-    from .config import TrainConfig
+    from .config import TrainConfig, task_defaults
     from .metrics import summary_keys
     from .plots import plot_comparison, save_figure
     from .policies import POLICIES
