@@ -219,9 +219,13 @@ class TrainConfig:
         return cfg
 
     def replace(self, **settings) -> "TrainConfig":
-        """A copy with settings changed by name, top-level or a policy's."""
+        """A copy with settings changed by name, top-level or a policy's; a config made by `create` keeps
+        `given`, plus the names changed (a setting chosen by a caller, `--seeds` or a sweep, is not a default)."""
         top, nested = _route(settings)
-        return replace(self, **top, **{p: replace(getattr(self, p), **kw) for p, kw in nested.items()})
+        out = replace(self, **top, **{p: replace(getattr(self, p), **kw) for p, kw in nested.items()})
+        if hasattr(self, "given"):
+            out.given = self.given | frozenset(settings)
+        return out
 
     def get(self, name):
         """A setting's value by its name (top-level or a policy's: the run's policy's when it shares it)."""
@@ -250,7 +254,7 @@ def task_defaults(cfg: TrainConfig, task: str) -> TrainConfig:
         return cfg
     out = cfg.replace(**unset)
     if hasattr(cfg, "given"):
-        out.given = cfg.given
+        out.given = cfg.given                     # a task's default stays a default
     return out
 
 

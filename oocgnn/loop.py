@@ -237,7 +237,7 @@ def run_loop(cfg, run, store, plan, runtime, t_enter, device, mix, ranks=None, f
         run.write_json("config.json", {
             **cfg.to_dict(), "store_meta": {k: store.meta.get(k) for k in
                                             ("name", "num_nodes", "num_edges", "feat_dim", "num_parts", "checksum")},
-            "policy_memory": plan.memory(), "schedule": repr(plan.schedule), "topology": plan.topology,
+            "policy_memory": plan.memory(), "schedule": repr(plan.schedule), "topology_used": plan.topology,
             "host": {"python": platform.python_version(), "torch": torch.__version__, "cpus": os.cpu_count(),
                      "device": str(device), "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
                      "loadavg": open("/proc/loadavg").read().split()[:3]}, **(facts or {})})

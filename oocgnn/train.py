@@ -37,7 +37,8 @@ from .shards import RankData
 from .store import open_store
 from .units import format_size, reset_peak_rss
 
-RUN_FACTS = ("store_meta", "policy_memory", "schedule", "host", "run_id", "memory_budget_bytes")  # config.json, not settings
+RUN_FACTS = ("store_meta", "policy_memory", "schedule", "host", "run_id", "memory_budget_bytes",
+             "topology_used")  # config.json, not settings
 
 
 def train(cfg: TrainConfig) -> dict:

@@ -100,6 +100,21 @@ def test_a_link_store_trains_without_weight_decay_unless_one_is_given(small_link
     assert task_defaults(node, "link").weight_decay == 0.0 and task_defaults(node, "link").given == node.given
 
 
+def test_a_weight_decay_given_survives_seeds_and_sweeps(small_link, tmp_path):
+    """`--seeds` and a sweep copy the config (`TrainConfig.replace`): a weight decay given, even the node default
+    5e-4, is still given in each copy, and a sweep's own value is given too: neither falls back to a link store's 0."""
+    given = _cfg(small_link, tmp_path, epochs=1, max_steps=1, eval_every=0, weight_decay=5e-4)
+    assert task_defaults(given.replace(seed=3), "link").weight_decay == 5e-4
+    assert task_defaults(_cfg(small_link, tmp_path).replace(weight_decay=5e-4), "link").weight_decay == 5e-4
+    assert task_defaults(_cfg(small_link, tmp_path).replace(seed=3), "link").weight_decay == 0.0
+    train_seeds(given.replace(out=str(tmp_path / "seeds")), [0])
+    assert json.loads((tmp_path / "seeds" / "seed0" / "config.json").read_text())["weight_decay"] == 5e-4
+    run_grid(_cfg(small_link, tmp_path, epochs=1, max_steps=1, eval_every=0), {"weight_decay": [5e-4]},
+             seeds=(0,), out_root=str(tmp_path / "sweep"))
+    saved = [json.loads(p.read_text())["weight_decay"] for p in (tmp_path / "sweep").rglob("config.json")]
+    assert saved == [5e-4]
+
+
 def test_held_out_edges_never_reach_a_sampled_block(small_link):
     """Neither the training steps' blocks nor evaluation's see a validation or test edge, in either direction."""
     cfg = TrainConfig.create(store=str(small_link.path), fanouts="-1,-1", batch_size=256, negatives=30)
