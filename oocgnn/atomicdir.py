@@ -15,6 +15,7 @@ import fcntl
 import os
 import re
 import shutil
+import sys
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -88,9 +89,10 @@ def recover(path: Path) -> list[str]:
 
 
 @contextmanager
-def writing(path: Path, what: str = "store"):
-    """Hold `path`'s write lock (refused with a UserError while another process holds it), after
-    `recover`; yields the notes of what was cleaned up."""
+def writing(path: Path, what: str = "store", wait: bool = False):
+    """Hold `path`'s write lock, after `recover`; yields the notes of what was cleaned up. While another
+    process holds it: refused with a UserError, or with `wait` (a cache that both processes need, such as
+    a store's edge buckets) waited for, saying so once on stderr; the caller then finds what it wrote."""
     path.parent.mkdir(parents=True, exist_ok=True)
     lock = path.parent / f".{path.name}.lock"
     fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
@@ -98,8 +100,11 @@ def writing(path: Path, what: str = "store"):
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise UserError(f"another process is writing the {what} at {path} (it holds {lock}); "
-                            "wait for it to finish or stop it") from None
+            if not wait:
+                raise UserError(f"another process is writing the {what} at {path} (it holds {lock}); "
+                                "wait for it to finish or stop it") from None
+            print(f"oocgnn: another process is writing the {what} at {path}; waiting for it", file=sys.stderr)
+            fcntl.flock(fd, fcntl.LOCK_EX)
         yield recover(path)
     finally:
         os.close(fd)

@@ -86,7 +86,7 @@ class EdgeBuckets:
         found = cls._open(store, p, where)
         if found is not None:
             return found
-        with writing(where, "edge buckets"):
+        with writing(where, "edge buckets", wait=True):      # two runs on a fresh store: one writes
             found = cls._open(store, p, where)
             if found is not None:
                 return found

@@ -200,6 +200,31 @@ def test_buckets_are_written_once_and_rewritten_for_another_store(fennel16, tmp_
     assert json.loads(meta.read_text()) == json.loads(saved) and np.array_equal(again.offsets, first.offsets)
 
 
+def test_a_run_waits_for_another_process_writing_the_buckets(fennel16, capsys):
+    """Two runs started together on a fresh store: the one that finds the buckets' lock held waits for it
+    (saying so) and then uses or writes them, where it used to fail."""
+    import fcntl
+    import shutil
+    import threading
+    import time
+    where = EdgeBuckets.location(fennel16, 8)
+    shutil.rmtree(where, ignore_errors=True)
+    fd = os.open(where.parent / f".{where.name}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_EX)                    # another writer holds it (its own open file)
+    released = threading.Event()
+
+    def other_writer():
+        time.sleep(0.5)
+        released.set()
+        os.close(fd)
+    threading.Thread(target=other_writer).start()
+    buckets = EdgeBuckets.of(fennel16, 8)
+    assert released.is_set() and "writing the edge buckets" in capsys.readouterr().err
+    oracle = EdgeBuckets.of(fennel16, 8)
+    assert buckets.path == oracle.path and np.array_equal(buckets.offsets, oracle.offsets)
+    assert int(buckets.offsets[-1]) == fennel16.num_edges
+
+
 def test_bucket_reads_coalesce_adjacent_buckets(fennel16):
     b = EdgeBuckets.of(fennel16, 16)
     pairs = b.pairs([0, 1, 2], held=[0, 1])
