@@ -5,7 +5,7 @@ each capped at --eval-nodes by the run's seeded subset), the model a freshly ini
 (evaluation time does not depend on its weights), the neighbourhoods the eval fanouts. Per
 evaluation of val and test, median of --reps:
 
-  inmemory    per-batch evaluation (`loop.evaluate`, --batch-size seeds a batch), every feature row in
+  inmemory    per-batch evaluation (`nodetask.evaluate`, --batch-size seeds a batch), every feature row in
               RAM: the baseline, what `--policy inmemory` does
   per-row     the same through direct per-row reads of each batch's input rows (the old out-of-core path)
   layerwise   `oocgnn.evaluation.LayerwiseEval` reading through direct reads, each input row once, in
@@ -59,7 +59,7 @@ def main(argv=None):
     from oocgnn.models import build_model
     from oocgnn.sampler import Sampler
     from oocgnn.topology import NeighbourLists
-    from oocgnn.loop import evaluate
+    from oocgnn.nodetask import evaluate
     from oocgnn.metrics import accuracy
     from oocgnn.units import format_size, parse_size
 

@@ -8,7 +8,7 @@ of the evaluated ids is computed: layer i's destination nodes are the sources of
 
 Neighbourhoods: the evaluation fanouts (-1: all neighbours, DGL's offline inference), each node's
 layer-i neighbours drawn once with the sampler's key (seed, 0, 0, i, node). A node's draw depends only
-on that key, so the result equals per-batch evaluation (`loop.evaluate`) of the same nodes in one batch,
+on that key, so the result equals per-batch evaluation (`nodetask.evaluate`) of the same nodes in one batch,
 and with full neighbourhoods at any batch size (the oracle tests).
 
 Reads: the input rows (layer 0's sources) are read once per evaluation, sorted in store order, in

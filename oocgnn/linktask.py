@@ -125,7 +125,7 @@ def softmax_loss(pos, neg, filt):
 
 
 class LinkTask:
-    """Link prediction (`loop.NodeTask`'s contract): a step's loss over its edges and their chunk-shared
+    """Link prediction (`nodetask.NodeTask`'s contract): a step's loss over its edges and their chunk-shared
     negatives; evaluation by MRR and Hits@K on the held-out edges (`LinkEvaluation`)."""
     metrics, primary = LINK_METRICS, "mrr"
     columns = LINK_LOG_COLUMNS
@@ -175,7 +175,7 @@ def held_out(store, split, limit, k, seed) -> tuple:
 
 class LinkEvaluation:
     """MRR and Hits@K of a model on a link store's held-out edges (the module docstring); `describe` and
-    `reads_in_run` as `loop.SampledEvaluation`'s."""
+    `reads_in_run` as `nodetask.SampledEvaluation`'s."""
 
     def __init__(self, cfg, plan, runtime, store, device):
         self.cfg, self.runtime, self.device = cfg, runtime, device

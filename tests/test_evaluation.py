@@ -7,11 +7,11 @@ from oocgnn.evaluation import READ_FLOOR, LayerwiseEval
 from oocgnn.models import build_model
 from oocgnn.sampler import Sampler
 from oocgnn.topology import NeighbourLists
-from oocgnn.loop import evaluate
+from oocgnn.nodetask import evaluate
 
 
 def _per_batch_logits(model, sampler, feats, nodes, batch_size):
-    """The oracle: `loop.evaluate`'s sampling, logits instead of accuracy."""
+    """The oracle: `nodetask.evaluate`'s sampling, logits instead of accuracy."""
     model.eval()
     out = []
     with torch.no_grad():
@@ -93,7 +93,7 @@ def test_a_runs_layerwise_evaluation_stays_within_the_budget(tmp_path):
 
 def test_full_neighbourhoods_equal_at_any_batch_size_and_when_spilled(setting):
     """Full neighbourhoods (DGL's offline inference): equal to per-batch evaluation in many batches,
-    also when the budget sends every table to a temporary file; the confusion counts equal `loop.evaluate`'s."""
+    also when the budget sends every table to a temporary file; the confusion counts equal `nodetask.evaluate`'s."""
     store, feats, nodes = setting
     torch.manual_seed(1)
     model = build_model("sage", store.feat_dim, 32, store.num_classes, 2)
