@@ -126,6 +126,7 @@ def _cmd_train(args):
         print(f"{s['run_dir']}: {s['epochs']} epochs in {s['train_s']:.1f} s, best val MRR {s['best_val_mrr']:.4f}, "
               f"test MRR at best val {s['test_mrr_at_best_val']:.4f} (each held-out edge ranked among {among}"
               f"{ogb}), read {s['io']['bytes_read'] / 2**20:.1f} MiB")
+        _note_still_rising(s)
         return
     print(f"{s['run_dir']}: {s['epochs']} epochs in {s['train_s']:.1f} s, best val "
           f"{s['best_val_acc']:.4f}, test at best val {_accuracy(s['test_at_best_val'])}, "
@@ -133,6 +134,7 @@ def _cmd_train(args):
           (f" ({s['read_amplification']:.1f}x the {s['feature_dtype']} rows' bytes)" if s.get("read_amplification") else "")
           + f", cap enforced: {s['memory_cap']['enforced']}")
     print(_metrics_line(s, s["target_metric"]))
+    _note_still_rising(s)
     m = s["mixing"]
     print(f"  mixing: {m['groups']:g} groups an epoch of {m['parts_mean']:.1f} parts (fewest {m['parts_min']}), label "
           f"distance from the training set {m['tv_mean']:.3f} on average, {m['tv_max']:.3f} at worst"
@@ -143,6 +145,17 @@ def _cmd_train(args):
     from .policies import POLICIES
     for line in POLICIES[s["policy"]].summary_lines(s):     # the policy's own knobs, as it words them
         print(f"  {line}")
+
+
+def _note_still_rising(s):
+    """A note on stderr when the run's validation target was still rising at its end (`metrics.still_rising`)."""
+    import pandas as pd
+    from .metrics import NAMES, still_rising
+    metric = s["target_metric"]
+    rising = still_rising(pd.read_csv(Path(s["run_dir"]) / "log.csv")[f"val_{metric}"])
+    if rising:
+        print(f"oocgnn: note: validation {NAMES[metric]} was still rising at the end (its best rose {rising[0]:.1f} "
+              f"points in the last {rising[1]} evaluations); more --epochs may raise it", file=sys.stderr)
 
 
 def _cmd_tune(args):

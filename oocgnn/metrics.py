@@ -103,6 +103,20 @@ def summary_keys(metric: str) -> tuple:
         (f"best_val_{metric}", f"test_{metric}_at_best_val")
 
 
+def still_rising(curve, points: float = 0.5):
+    """(rise in points, evaluations) when the best of a validation curve's last quarter of evaluations beats
+    its best before them by more than `points` (a run that stopped while it was still learning), else None.
+    Bests, not last values: a noisy curve (a partition buffer's, whose last states bias the model) does not
+    read as rising. `curve`: the values in evaluation order, the one before training first; NaNs skipped."""
+    v = np.asarray(curve, dtype=np.float64)
+    v = v[~np.isnan(v)]
+    k = (len(v) - 1) // 4
+    if k < 1:
+        return None                                # fewer than 5 evaluations: no trend to read
+    rise = 100 * (v[-k:].max() - v[:-k].max())
+    return (float(rise), k) if rise > points else None
+
+
 def shared_negatives(store) -> bool:
     """Whether a store's held-out edges are ranked against OGB's shared negative pairs (ogbl-collab, -ppa, -ddi)."""
     return getattr(store, "task", "node") == "link" and store.meta["link"]["negatives"] == "pairs"

@@ -13,7 +13,7 @@ from oocgnn.cli import main
 from oocgnn.config import TrainConfig
 from oocgnn.errors import UserError
 from oocgnn.metrics import (Tally, accuracy, check_target, confusion, macro_f1, metrics, positive_score,
-                            roc_auc, summary_keys)
+                            roc_auc, still_rising, summary_keys)
 from oocgnn.rundir import METRIC_LOG_COLUMNS
 from oocgnn.train import train
 
@@ -169,3 +169,33 @@ def test_report_reads_a_log_from_before_the_metrics(tiny_store, tmp_path, capsys
     assert runs.loc[runs.run == "old", "val_f1"].isna().all() and runs.loc[runs.run == "new", "val_f1"].notna().all()
     lines = {line.split(":")[0]: line for line in printed.splitlines() if line.startswith(("old:", "new:"))}
     assert "macro-F1" not in lines["old"] and "macro-F1" in lines["new"] and "ROC-AUC" not in lines["new"]
+
+
+def test_still_rising_compares_the_best_of_the_last_quarter_with_the_best_before():
+    rising = [0.0, 0.40, 0.50, 0.55, 0.56, 0.57, 0.58, 0.59, 0.60]        # 8 evaluations: the last 2 against 7
+    assert still_rising(rising) == pytest.approx((2.0, 2))
+    assert still_rising(rising, points=2.5) is None
+    noisy = [0.0, 0.5, 0.58, 0.56, 0.575, 0.57, 0.58, 0.565, 0.583]        # a plateau: +0.3 points is noise
+    assert still_rising(noisy) is None
+    falling = [0.0, 0.5, 0.6, 0.59, 0.58, 0.57, 0.56, 0.55, 0.54]
+    assert still_rising(falling) is None
+    assert still_rising([0.0, 0.2, 0.4, 0.6]) is None                      # fewer than 5 evaluations
+    assert still_rising([0.0, np.nan, 0.2, 0.3, 0.4, 0.5]) == pytest.approx((10.0, 1))   # NaNs skipped
+
+
+def test_train_notes_a_validation_curve_still_rising_at_the_end(tiny_store, tmp_path, capsys):
+    """One epoch evaluated every few steps rises from an untrained model's accuracy: the note says so;
+    the same run's log cut to a flat curve gives no note."""
+    from oocgnn.cli import _note_still_rising
+    out = tmp_path / "r"
+    assert main(["train", str(tiny_store.path), "--epochs", "1", "--batch-size", "32", "--eval-every", "3",
+                 "--max-eval-nodes", "200", "--out", str(out), "--no-progress"]) == 0
+    err = capsys.readouterr().err
+    assert "validation accuracy was still rising at the end" in err and "more --epochs" in err
+    summary = {**json.loads((out / "summary.json").read_text()), "run_dir": str(out)}
+    log = pd.read_csv(out / "log.csv")
+    assert len(log) >= 5
+    log["val_acc"] = 0.5
+    log.to_csv(out / "log.csv", index=False)
+    _note_still_rising(summary)
+    assert "still rising" not in capsys.readouterr().err
