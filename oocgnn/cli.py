@@ -101,12 +101,14 @@ def _cmd_train(args):
             print(f"{agg['run_dir']}: seeds {','.join(map(str, agg['seeds']))}: best val MRR "
                   f"{format_mean_std(agg['best_val_mrr'], 1, 4)}, test MRR at best val "
                   f"{format_mean_std(agg['test_mrr_at_best_val'], 1, 4)}, train {format_mean_std(agg['train_s'], 1, 2)} s")
+            _note_still_rising({**agg, "target_metric": "mrr"}, seeds=True)
             return
         print(f"{agg['run_dir']}: seeds {','.join(map(str, agg['seeds']))}: best val "
               f"{format_mean_std(agg['best_val_acc'])}, test at best val {format_mean_std(agg['test_at_best_val'])}, "
               f"train {format_mean_std(agg['train_s'], 1, 2)} s")
         shown = {k: format_mean_std(v) for k, v in agg.items() if isinstance(v, dict) and v["n"]}
         print(_metrics_line(shown, cfg.target_metric, show=lambda v: v or "-"))
+        _note_still_rising({**agg, "target_metric": cfg.target_metric}, seeds=True)
         return
     s = train(cfg)
     if s.get("distributed"):
@@ -147,15 +149,19 @@ def _cmd_train(args):
         print(f"  {line}")
 
 
-def _note_still_rising(s):
-    """A note on stderr when the run's validation target was still rising at its end (`metrics.still_rising`)."""
+def _note_still_rising(s, seeds=False):
+    """A note on stderr when a run's validation target (`seeds`: its mean over a --seeds run's seeds) was still
+    rising at the end (`metrics.still_rising`)."""
     import pandas as pd
     from .metrics import NAMES, still_rising
     metric = s["target_metric"]
-    rising = still_rising(pd.read_csv(Path(s["run_dir"]) / "log.csv")[f"val_{metric}"])
+    log = pd.read_csv(Path(s["run_dir"]) / ("aggregate_log.csv" if seeds else "log.csv"))
+    rising = still_rising(log[f"val_{metric}_mean" if seeds else f"val_{metric}"])
     if rising:
-        print(f"oocgnn: note: validation {NAMES[metric]} was still rising at the end (its best rose {rising[0]:.1f} "
-              f"points in the last {rising[1]} evaluations); more --epochs may raise it", file=sys.stderr)
+        print(f"oocgnn: note: {'mean ' if seeds else ''}validation {NAMES[metric]} was still rising at the end (its "
+              f"best rose {rising[0]:.1f} points in the last " + (f"{rising[1]} evaluations" if rising[1] > 1 else "evaluation")
+              + "); more --epochs may raise it",
+              file=sys.stderr)
 
 
 def _cmd_tune(args):

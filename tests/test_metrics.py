@@ -199,3 +199,6 @@ def test_train_notes_a_validation_curve_still_rising_at_the_end(tiny_store, tmp_
     log.to_csv(out / "log.csv", index=False)
     _note_still_rising(summary)
     assert "still rising" not in capsys.readouterr().err
+    assert main(["train", str(tiny_store.path), "--epochs", "1", "--batch-size", "32", "--eval-every", "3",
+                 "--max-eval-nodes", "200", "--seeds", "0,1", "--out", str(tmp_path / "s"), "--no-progress"]) == 0
+    assert "mean validation accuracy was still rising at the end" in capsys.readouterr().err
