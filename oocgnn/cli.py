@@ -156,7 +156,8 @@ def _note_still_rising(s, seeds=False):
     from .metrics import NAMES, still_rising
     metric = s["target_metric"]
     log = pd.read_csv(Path(s["run_dir"]) / ("aggregate_log.csv" if seeds else "log.csv"))
-    rising = still_rising(log[f"val_{metric}_mean" if seeds else f"val_{metric}"])
+    curve = log.get(f"val_{metric}_mean" if seeds else f"val_{metric}")   # none where it is undefined (AUC, one class)
+    rising = still_rising(curve) if curve is not None else None
     if rising:
         print(f"oocgnn: note: {'mean ' if seeds else ''}validation {NAMES[metric]} was still rising at the end (its "
               f"best rose {rising[0]:.1f} points in the last " + (f"{rising[1]} evaluations" if rising[1] > 1 else "evaluation")

@@ -202,3 +202,5 @@ def test_train_notes_a_validation_curve_still_rising_at_the_end(tiny_store, tmp_
     assert main(["train", str(tiny_store.path), "--epochs", "1", "--batch-size", "32", "--eval-every", "3",
                  "--max-eval-nodes", "200", "--seeds", "0,1", "--out", str(tmp_path / "s"), "--no-progress"]) == 0
     assert "mean validation accuracy was still rising at the end" in capsys.readouterr().err
+    _note_still_rising({"run_dir": str(tmp_path / "s"), "target_metric": "auc"}, seeds=True)   # no AUC curve
+    assert "still rising" not in capsys.readouterr().err
