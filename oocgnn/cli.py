@@ -101,14 +101,14 @@ def _cmd_train(args):
             print(f"{agg['run_dir']}: seeds {','.join(map(str, agg['seeds']))}: best val MRR "
                   f"{format_mean_std(agg['best_val_mrr'], 1, 4)}, test MRR at best val "
                   f"{format_mean_std(agg['test_mrr_at_best_val'], 1, 4)}, train {format_mean_std(agg['train_s'], 1, 2)} s")
-            _note_still_rising({**agg, "target_metric": "mrr"}, seeds=True)
+            _note_still_rising(agg["log"], "mrr", mean=True)
             return
         print(f"{agg['run_dir']}: seeds {','.join(map(str, agg['seeds']))}: best val "
               f"{format_mean_std(agg['best_val_acc'])}, test at best val {format_mean_std(agg['test_at_best_val'])}, "
               f"train {format_mean_std(agg['train_s'], 1, 2)} s")
         shown = {k: format_mean_std(v) for k, v in agg.items() if isinstance(v, dict) and v["n"]}
         print(_metrics_line(shown, cfg.target_metric, show=lambda v: v or "-"))
-        _note_still_rising({**agg, "target_metric": cfg.target_metric}, seeds=True)
+        _note_still_rising(agg["log"], cfg.target_metric, mean=True)
         return
     s = train(cfg)
     if s.get("distributed"):
@@ -128,7 +128,7 @@ def _cmd_train(args):
         print(f"{s['run_dir']}: {s['epochs']} epochs in {s['train_s']:.1f} s, best val MRR {s['best_val_mrr']:.4f}, "
               f"test MRR at best val {s['test_mrr_at_best_val']:.4f} (each held-out edge ranked among {among}"
               f"{ogb}), read {s['io']['bytes_read'] / 2**20:.1f} MiB")
-        _note_still_rising(s)
+        _note_still_rising(s["log"], s["target_metric"])
         return
     print(f"{s['run_dir']}: {s['epochs']} epochs in {s['train_s']:.1f} s, best val "
           f"{s['best_val_acc']:.4f}, test at best val {_accuracy(s['test_at_best_val'])}, "
@@ -136,7 +136,7 @@ def _cmd_train(args):
           (f" ({s['read_amplification']:.1f}x the {s['feature_dtype']} rows' bytes)" if s.get("read_amplification") else "")
           + f", cap enforced: {s['memory_cap']['enforced']}")
     print(_metrics_line(s, s["target_metric"]))
-    _note_still_rising(s)
+    _note_still_rising(s["log"], s["target_metric"])
     m = s["mixing"]
     print(f"  mixing: {m['groups']:g} groups an epoch of {m['parts_mean']:.1f} parts (fewest {m['parts_min']}), label "
           f"distance from the training set {m['tv_mean']:.3f} on average, {m['tv_max']:.3f} at worst"
@@ -149,17 +149,14 @@ def _cmd_train(args):
         print(f"  {line}")
 
 
-def _note_still_rising(s, seeds=False):
-    """A note on stderr when a run's validation target (`seeds`: its mean over a --seeds run's seeds) was still
-    rising at the end (`metrics.still_rising`)."""
-    import pandas as pd
+def _note_still_rising(log, metric, mean=False):
+    """A note on stderr when a run's validation `metric` in its `log` (`mean`: a --seeds run's mean curve) was
+    still rising at the end (`metrics.still_rising`)."""
     from .metrics import NAMES, still_rising
-    metric = s["target_metric"]
-    log = pd.read_csv(Path(s["run_dir"]) / ("aggregate_log.csv" if seeds else "log.csv"))
-    curve = log.get(f"val_{metric}_mean" if seeds else f"val_{metric}")   # none where it is undefined (AUC, one class)
+    curve = log.get(f"val_{metric}_mean" if mean else f"val_{metric}")   # none where it is undefined (AUC, one class)
     rising = still_rising(curve) if curve is not None else None
     if rising:
-        print(f"oocgnn: note: {'mean ' if seeds else ''}validation {NAMES[metric]} was still rising at the end (its "
+        print(f"oocgnn: note: {'mean ' if mean else ''}validation {NAMES[metric]} was still rising at the end (its "
               f"best rose {rising[0]:.1f} points in the last " + (f"{rising[1]} evaluations" if rising[1] > 1 else "evaluation")
               + "); more --epochs may raise it",
               file=sys.stderr)

@@ -78,7 +78,8 @@ def aggregate_rows(rows: pd.DataFrame, metrics=("best_val_acc", "test_at_best_va
 
 
 def train_seeds(cfg, seeds) -> dict:
-    """Train `cfg` once per seed into <run dir>/seed<S>; write and return the aggregate. With `cfg.resume`
+    """Train `cfg` once per seed into <run dir>/seed<S>; write and return the aggregate (with the runs, and their
+    mean curves as `log`: aggregate_log.csv). With `cfg.resume`
     naming such a directory (a killed `--seeds` job; `oocgnn train --resume DIR` reads its settings from
     DIR/seeds_config.json), the seeds that finished are kept, the one killed
     resumes from its checkpoint (`--checkpoint-every`) and the others run: the same aggregate as a job
@@ -109,8 +110,9 @@ def train_seeds(cfg, seeds) -> dict:
         summaries.append(train(fresh))
     agg = {"run_dir": str(root), "policy": cfg.policy, "model": cfg.model, **aggregate(summaries)}
     (root / "aggregate.json").write_text(json.dumps(agg, indent=2))
-    aggregate_logs([s["log"] for s in summaries]).to_csv(root / "aggregate_log.csv", index=False)
-    return {**agg, "runs": summaries}
+    mean_log = aggregate_logs([s["log"] for s in summaries])
+    mean_log.to_csv(root / "aggregate_log.csv", index=False)
+    return {**agg, "runs": summaries, "log": mean_log}
 
 
 def seed_runs(path) -> list:
