@@ -80,6 +80,8 @@ class TrainConfig:
     weight_decay: float = setting(5e-4, "Adam weight decay (L2 on every parameter; 5e-4 as GCN on Planetoid: "
                                         "without it small labelled sets overfit in a few steps; on a link store "
                                         "0 unless given, as MariusGNN's and OGB's link predictors)")
+    adam_beta1: float = setting(0.9, "Adam's first beta: how much of the last steps' gradients a step keeps "
+                                     "(its momentum; torch's 0.9; 0: none, each step its own batch's gradient)")
     memory_budget: str = setting("256MB", "bytes the policy may keep resident, e.g. 256MB, 1GiB")
     topology: str = setting("auto", "where the neighbour lists live: memory | disk (read when sampled, "
                                     "through what the policy keeps resident) | auto (memory if it fits the budget)")
@@ -160,6 +162,8 @@ class TrainConfig:
                             f"fit in memory), got {self.hidden:,}")
         if not 0 <= self.dropout < 1 or self.lr <= 0 or self.weight_decay < 0 or not 0 <= self.target_acc <= 1:
             raise UserError("need 0 <= dropout < 1, lr > 0, weight_decay >= 0 and 0 <= target_acc <= 1")
+        if not 0 <= self.adam_beta1 < 1:
+            raise UserError(f"adam_beta1 must be in [0, 1), got {self.adam_beta1}")
         if min(self.eval_every, self.max_eval_nodes, self.threads, self.max_steps, self.checkpoint_every, self.seed) < 0:
             raise UserError("eval_every, max_eval_nodes, max_steps, threads, checkpoint_every and seed must be >= 0")
         for name, most in (("seed", 2**32 - 8), ("threads", 4096)):   # numpy's seeds; torch's thread count

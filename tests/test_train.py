@@ -114,6 +114,8 @@ def test_peak_rss_is_the_runs_own(tiny_store, tmp_path):
     ({"memory_budget": "lots"}, "bad size 'lots'"),
     ({"epochs": 0}, "epochs must be >= 1"),
     ({"weight_decay": -1e-4}, "weight_decay >= 0"),
+    ({"adam_beta1": 1.0}, r"adam_beta1 must be in \[0, 1\)"),
+    ({"adam_beta1": -0.1}, r"adam_beta1 must be in \[0, 1\)"),
 ])
 def test_config_rejects_bad_input(kw, msg):
     with pytest.raises(UserError, match=msg):
@@ -233,6 +235,17 @@ def test_weight_decay_reaches_the_optimizer(tiny_store, tmp_path):
     assert a["log"]["train_loss"].iloc[-1] != b["log"]["train_loss"].iloc[-1]
     groups = torch.load(tmp_path / "b" / "checkpoint.pt", weights_only=False)["opt"]["param_groups"]
     assert {g["weight_decay"] for g in groups} == {0.05}
+
+
+def test_adam_beta1_reaches_the_optimizer(tiny_store, tmp_path):
+    """--adam-beta1 is Adam's first beta: without momentum the same run ends at other losses, and the
+    optimizer state a checkpoint keeps records it."""
+    import torch
+    a = _run(tiny_store, tmp_path, out=str(tmp_path / "a"))
+    b = _run(tiny_store, tmp_path, out=str(tmp_path / "b"), adam_beta1=0.0, checkpoint_every=1)
+    assert a["log"]["train_loss"].iloc[-1] != b["log"]["train_loss"].iloc[-1]
+    groups = torch.load(tmp_path / "b" / "checkpoint.pt", weights_only=False)["opt"]["param_groups"]
+    assert {tuple(g["betas"]) for g in groups} == {(0.0, 0.999)}
 
 
 def test_the_first_row_is_at_zero_seconds_when_nothing_loads_ahead(tiny_store, tmp_path, monkeypatch):
