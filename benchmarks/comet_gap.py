@@ -19,6 +19,9 @@ switched on or off one at a time:
   edge shuffled and cut into MariusGNN's batch sizes, so only the count and sizes of its steps differ from
   in-memory's).
 
+Two rows switch off Adam's momentum (`--adam-beta1 0`) in `inmemory` and `marius`: how much of the gap is
+momentum's, which in-memory training profits from and a state's correlated batches cancel.
+
 Both restrictions on is marius `--state-batches full` exactly (the same batches, negatives and samples: the rows
 agree to the last digit); both off isolates the batches' grouping by state. Evaluation is the same full-graph one for all.
 
@@ -159,7 +162,8 @@ def main(argv=None):
                 progress=False, force=True, threads=1)
     marius = dict(policy="marius", physical_parts=a.parts, buffer_parts=a.buffer, logical_parts=a.logical,
                   ordering="comet", topology="disk")
-    names = ["inmemory", "marius comet", "marius comet (short batches)", "marius comet (carried batches)", *VARIANTS]
+    names = ["inmemory", "marius comet", "marius comet (short batches)", "marius comet (carried batches)", *VARIANTS,
+             "inmemory (no momentum)", "marius comet (no momentum)"]
     runs = {name: [] for name in names}                    # (seed, best val MRR, test MRR at it) per name
     for seed in [int(s) for s in a.seeds.split(",")]:
         def run(name, **kw):
@@ -186,6 +190,8 @@ def main(argv=None):
             with inmemory_with(a.parts, a.buffer, a.logical, neg=neg, restrict=restrict, shuffle=shuffle,
                                cut=cut[0] if cut else "full"):
                 one(name)
+        one("inmemory (no momentum)", adam_beta1=0.0)
+        one("marius comet (no momentum)", **marius, adam_beta1=0.0)
     ref = table.ok("inmemory")
     for name in names:                                     # the ratios and differences to inmemory's
         row = table.ok(name)
