@@ -19,6 +19,11 @@ class Adam:
     """`torch.optim.Adam(params, lr, betas, eps, weight_decay)`: `step`, `zero_grad`, `state_dict`,
     `load_state_dict`."""
 
+    @classmethod
+    def of_config(cls, params, cfg):
+        """The optimizer a run of `cfg` trains with: its --lr, --adam-beta1 and --weight-decay."""
+        return cls(params, lr=cfg.lr, betas=(cfg.adam_beta1, 0.999), weight_decay=cfg.weight_decay)
+
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0):
         self.params = list(params)
         if not 0.0 <= lr or not 0.0 <= eps or not 0.0 <= weight_decay or not all(0.0 <= b < 1.0 for b in betas):

@@ -257,7 +257,7 @@ def _calibrate_optimizer_step(store, cfg, repeats=20) -> float:
         model = build_link_model(cfg, store.feat_dim)
     else:
         model = build_model(cfg.model, store.feat_dim, cfg.hidden, store.num_classes, cfg.layers, cfg.dropout)
-    opt = Adam(model.parameters(), lr=cfg.lr, betas=(cfg.adam_beta1, 0.999), weight_decay=cfg.weight_decay)
+    opt = Adam.of_config(model.parameters(), cfg)
     for p in model.parameters():
         p.grad = torch.randn_like(p)
     times = []

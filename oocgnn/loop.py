@@ -150,7 +150,7 @@ def run_loop(cfg, run, store, plan, runtime, t_enter, device, mix, ranks=None, f
         task = NodeTask(cfg, store, runtime, ranks)
     model = task.build_model()
     model.to(device)                               # initialised on the CPU: the same weights on any device
-    opt = Adam(model.parameters(), lr=cfg.lr, betas=(cfg.adam_beta1, 0.999), weight_decay=cfg.weight_decay)
+    opt = Adam.of_config(model.parameters(), cfg)
     losses = LossMeter(device)                     # on a GPU, read one step late (no sync per step)
     log_columns = task.columns + EVAL_LOG_COLUMNS + list(runtime.log_fields())
 
