@@ -27,15 +27,6 @@ from .schedules import (_EMPTY, BufferSchedule, LinkBatch, MegabatchSchedule, Sc
 STATE_BATCHES = ("even", "full", "carry")
 
 
-def training_edges(store) -> np.ndarray:
-    """int64 [M, 2]: each undirected edge {u, v} of the store's topology once, as (u, v) with u < v, in CSR
-    order (a link store's topology holds its training edges only, `linksplit`)."""
-    indptr, indices = store.indptr, np.asarray(store.indices, dtype=np.int64)
-    src = np.repeat(np.arange(store.num_nodes, dtype=np.int64), np.diff(indptr))
-    keep = indices > src
-    return np.stack([src[keep], indices[keep]], axis=1)
-
-
 class EdgeSchedule(Schedule):
     """Link prediction: the training edges shuffled each epoch and cut into batches of B edges, each with
     MariusGNN's chunk-shared negatives (`negatives.batch_negatives`: `num_negatives` per chunk, `chunks`
@@ -50,7 +41,8 @@ class EdgeSchedule(Schedule):
 
     @cached_property
     def edges(self) -> np.ndarray:
-        return training_edges(self.store)
+        """The training edges this schedule batches: the store's (a rank's view: those it owns)."""
+        return self.store.train_edges
 
     def params(self):
         return {**super().params(), "num_negatives": self.num_negatives, "chunks": self.chunks,

@@ -343,6 +343,15 @@ class Store:
         """'node' (classification) or 'link' (prediction: `link_edges`)."""
         return self.meta.get("task", "node")
 
+    @cached_property
+    def train_edges(self) -> np.ndarray:
+        """A link store's training edges: int64 [M, 2], each undirected edge {u, v} of its topology once, as
+        (u, v) with u < v, in CSR order (a link store's topology holds its training edges only, `linksplit`)."""
+        src = np.repeat(np.arange(self.num_nodes, dtype=np.int64), np.diff(self.indptr))
+        indices = np.asarray(self.indices, dtype=np.int64)
+        keep = indices > src
+        return np.stack([src[keep], indices[keep]], axis=1)
+
     def link_edges(self, split) -> np.ndarray:
         """A link store's held-out 'val' or 'test' edges: int64 [M, 2] store ids, memory-mapped."""
         return np.load(self._link_path(split), mmap_mode="r")
