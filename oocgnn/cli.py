@@ -89,6 +89,16 @@ def _metrics_line(s, target_metric, show=_accuracy) -> str:
     return f"  {'; '.join(parts)} (best evaluation by validation {NAMES[target_metric]})"
 
 
+def _link_line(s) -> str:
+    """A link run's summary in words: best validation MRR, test MRR at it, among what each edge was ranked."""
+    among = f"all {s['eval_negatives']:,} shared negative pairs (OGB's)" if s.get("eval_shared_negatives") \
+        else f"{s['eval_negatives']} negatives"
+    ogb = "".join(f", test Hits@{k} {s[f'test_hits@{k}_at_best_val']:.4f}" for k in (20, 50, 100)
+                  if f"test_hits@{k}_at_best_val" in s)
+    return (f"best val MRR {s['best_val_mrr']:.4f}, test MRR at best val {s['test_mrr_at_best_val']:.4f} (each "
+            f"held-out edge ranked among {among}{ogb})")
+
+
 def _cmd_train(args):
     from .config import TrainConfig
     from .train import train
@@ -116,18 +126,17 @@ def _cmd_train(args):
             moved = (f"exchanged {s['exchange']['rows_recv']:,} rows ({s['exchange']['bytes_recv'] / 2**20:.1f} MiB "
                      "received over all ranks)") if "exchange" in s else \
                 f"read {s['io']['bytes_read'] / 2**20:.1f} MiB over all ranks"
+            if "best_val_mrr" in s:                # a link store's ranks
+                print(f"{s['run_dir']}: {s['world']} ranks, {s['epochs']} epochs in {s['train_s']:.1f} s, "
+                      f"{_link_line(s)}, {moved}")
+                return
             print(f"{s['run_dir']}: {s['world']} ranks, {s['epochs']} epochs in {s['train_s']:.1f} s, best val "
                   f"{s['best_val_acc']:.4f}, test at best val {_accuracy(s['test_at_best_val'])}, {moved}")
             print(_metrics_line(s, s["target_metric"]))
         return
     if "best_val_mrr" in s:                        # a link store's run (`linktask`)
-        among = f"all {s['eval_negatives']:,} shared negative pairs (OGB's)" if s.get("eval_shared_negatives") \
-            else f"{s['eval_negatives']} negatives"
-        ogb = "".join(f", test Hits@{k} {s[f'test_hits@{k}_at_best_val']:.4f}" for k in (20, 50, 100)
-                      if f"test_hits@{k}_at_best_val" in s)
-        print(f"{s['run_dir']}: {s['epochs']} epochs in {s['train_s']:.1f} s, best val MRR {s['best_val_mrr']:.4f}, "
-              f"test MRR at best val {s['test_mrr_at_best_val']:.4f} (each held-out edge ranked among {among}"
-              f"{ogb}), read {s['io']['bytes_read'] / 2**20:.1f} MiB")
+        print(f"{s['run_dir']}: {s['epochs']} epochs in {s['train_s']:.1f} s, {_link_line(s)}, "
+              f"read {s['io']['bytes_read'] / 2**20:.1f} MiB")
         _note_still_rising(s["log"], s["target_metric"])
         return
     print(f"{s['run_dir']}: {s['epochs']} epochs in {s['train_s']:.1f} s, best val "

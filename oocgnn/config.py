@@ -124,13 +124,14 @@ class TrainConfig:
     resume: str = setting("", "continue the killed run in this directory from its last checkpoint, with the "
                               "settings it was started with")
     distributed: bool = setting(False, "run as one rank of a torchrun job: ranks own contiguous ranges of the "
-                                       "store's partitions and train on their own training nodes, gradients "
-                                       "averaged; --memory-budget per rank (see --rank-data)")
+                                       "store's partitions and train on their own training nodes (a link "
+                                       "store: edges), gradients averaged; --memory-budget per rank (see "
+                                       "--rank-data)")
     rank_data: str = setting("auto", "what a distributed rank reads: own (only its own rows and lists, remote "
                                      "ones by macrobatched all_to_all, k = --macrobatch; inmemory | macrobatch | "
                                      "hierbatching; STORE may be a `prepare --shards R` directory) | shared (the "
                                      "whole store, which every rank reads, through its policy: every policy) | "
-                                     "auto (own for the policies it runs, else shared)")
+                                     "auto (own for the policies it runs, else shared; a link store: shared)")
     dist_timeout: float = setting(120.0, "seconds a distributed collective waits for the other ranks before the "
                                          "run fails (a dead rank ends the others, never a hang)")
     memory_budget_bytes: int = field(init=False, default=0)     # memory_budget, parsed once

@@ -63,6 +63,13 @@ def owner(bounds, ids) -> np.ndarray:
     return np.searchsorted(bounds, ids, side="right") - 1
 
 
+def edge_owner(bounds, edges) -> np.ndarray:
+    """The rank training (or evaluating) each link edge (u, v): the owner of u where u + v is even, else of v,
+    so that the edges between two ranks' rows split about evenly between them."""
+    edges = np.asarray(edges, dtype=np.int64)
+    return owner(bounds, np.where((edges[:, 0] + edges[:, 1]) % 2 == 0, edges[:, 0], edges[:, 1]))
+
+
 def steps_per_epoch(num_train, batch_size) -> int:
     return max(1, math.ceil(num_train / batch_size))
 

@@ -27,6 +27,7 @@ import os
 import socket
 import time
 from datetime import timedelta
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -34,7 +35,7 @@ import torch
 import torch.distributed as dist
 
 from .device import cuda_host_memory, resolve_device
-from .distributed import owner_bounds
+from .distributed import edge_owner, owner_bounds
 from .errors import UserError, first_line
 from .loop import Ranks
 from .rankplans import RANK_POLICIES
@@ -45,6 +46,12 @@ def exchanges(cfg) -> bool:
     `--rank-data own`; a shards directory, or auto for the policies with a rank plan) rather than each
     reading the shared store through the policy (`--rank-data shared`: every registered policy)."""
     sharded = (Path(cfg.store) / "shards.json").is_file()
+    if _meta(cfg.store).get("task") == "link":
+        if cfg.rank_data == "own":
+            raise UserError(f"{cfg.store} is a link store: its ranks read it shared, each its own training edges "
+                            "through the policy (--rank-data shared or auto); --rank-data own exchanges node "
+                            "batches' rows only")
+        return False
     if cfg.rank_data == "shared" and sharded:
         raise UserError(f"{cfg.store} holds per-rank shards: a rank reads only its own rows there, so "
                         "--rank-data shared cannot run on it (give the store itself)")
@@ -59,10 +66,15 @@ def exchanges(cfg) -> bool:
 def _float32_rows(store) -> bool:
     """Whether the store's rows are float32 (the exchange of `--rank-data own` moves float32 rows; a compressed
     store's ranks read it shared, each through the policy, its rows decoded after the gather)."""
+    return _meta(store).get("dtype", "float32") == "float32"
+
+
+def _meta(store) -> dict:
+    """The store's meta.json, or {} where there is none to read (opening the store says why)."""
     try:
-        return json.loads((Path(store) / "meta.json").read_text()).get("dtype", "float32") == "float32"
+        return json.loads((Path(store) / "meta.json").read_text())
     except (OSError, ValueError):
-        return True                        # no readable store: opening it says why
+        return {}
 
 
 @contextlib.contextmanager
@@ -158,6 +170,9 @@ class TorchRanks(Ranks):
     def owns(self, ids):
         return _owned(ids, self.bounds, self.rank)
 
+    def owns_edges(self, edges):
+        return edge_owner(self.bounds, edges) == self.rank
+
     def average_gradients(self, model):
         params = [p for p in model.parameters() if p.requires_grad]
         flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
@@ -207,12 +222,19 @@ def rank_config(cfg, world):
 
 class RankView:
     """A rank's view of the shared store: the store, but its training nodes are the rank's own (those
-    in [bounds[rank], bounds[rank + 1])): a policy's plan over it is that policy run on this rank's share,
-    and `simulate(view, plan)` is this rank's I/O."""
+    in [bounds[rank], bounds[rank + 1])), and on a link store its training edges those it owns
+    (`distributed.edge_owner`): a policy's plan over it is that policy run on this rank's share,
+    and `simulate(view, plan)` is this rank's I/O. `share` (rank, world) keys its batches' negatives."""
 
     def __init__(self, store, bounds, rank):
         self.store, self.bounds, self.rank = store, bounds, rank
+        self.share = (int(rank), len(bounds) - 1)
         self.train_idx = _owned(np.asarray(store.train_idx), bounds, rank)
+
+    @cached_property
+    def train_edges(self) -> np.ndarray:
+        edges = self.store.train_edges
+        return edges[edge_owner(self.bounds, edges) == self.rank]
 
     def __getattr__(self, name):
         return getattr(self.store, name)

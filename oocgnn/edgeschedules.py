@@ -49,9 +49,13 @@ class EdgeSchedule(Schedule):
                 "degree_fraction": self.degree_fraction}
 
     def batch(self, edges, epoch, b, nodes=None) -> Step:
-        """The step of positives `edges`, its negatives uniform over `nodes` (None: every node)."""
+        """The step of positives `edges`, its negatives uniform over `nodes` (None: every node), keyed by
+        (seed, epoch, b) in one process and by (seed, epoch, b·R + r) on rank r of R (`disttrain.RankView.share`):
+        every rank's batch b draws its own."""
+        share = getattr(self.store, "share", None)
+        key = b if share is None else b * share[1] + share[0]
         negatives, filt = batch_negatives(edges, self.store.num_nodes if nodes is None else nodes, self.num_negatives,
-                                          min(self.chunks, len(edges)), self.degree_fraction, self.seed, epoch, b)
+                                          min(self.chunks, len(edges)), self.degree_fraction, self.seed, epoch, key)
         seeds = np.unique(np.concatenate([edges.ravel(), negatives.ravel()]))
         return Step(seeds=seeds, link=LinkBatch(edges, negatives, filt))
 

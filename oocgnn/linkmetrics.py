@@ -86,6 +86,14 @@ class RankMetrics:
         for k in self.ks:
             self.hits[k] += int((rank <= k).sum())
 
+    def totals(self) -> list:
+        """[count, sum of reciprocal ranks, hits at each K]: what ranks sum (`set_totals`) to rank as one."""
+        return [self.count, self.reciprocal, *self.hits.values()]
+
+    def set_totals(self, totals):
+        self.count, self.reciprocal = int(totals[0]), float(totals[1])
+        self.hits = {k: int(h) for k, h in zip(self.ks, totals[2:], strict=True)}
+
     def result(self) -> dict:
         """{'mrr': ..., 'hits@K': ...} over every positive added."""
         if not self.count:
@@ -118,6 +126,14 @@ class SharedHits:
         self.count += len(scores)
         for k in self.ks:
             self.hits[k] += len(scores) if self.negatives < k else int((scores > self.top[k - 1]).sum())
+
+    def totals(self) -> list:
+        """[count, hits at each K] (the negatives' thresholds are every rank's: each scores all of them)."""
+        return [self.count, *self.hits.values()]
+
+    def set_totals(self, totals):
+        self.count = int(totals[0])
+        self.hits = {k: int(h) for k, h in zip(self.ks, totals[1:], strict=True)}
 
     def result(self) -> dict:
         """{'hits@K': ...} over every positive added."""

@@ -131,7 +131,7 @@ class LinkTask:
     columns = LINK_LOG_COLUMNS
 
     def __init__(self, cfg, store, runtime, ranks):
-        self.cfg, self.store = cfg, store
+        self.cfg, self.store, self.ranks = cfg, store, ranks
         if shared_negatives(store):                            # OGB's shared negatives: its Hits@K as well
             self.metrics, self.columns = LINK_METRICS + SHARED_HITS, LINK_LOG_COLUMNS + SHARED_LOG_COLUMNS
 
@@ -139,7 +139,7 @@ class LinkTask:
         return build_link_model(self.cfg, self.store.feat_dim)
 
     def evaluator(self, evaluation, plan, runtime, device):
-        return LinkEvaluation(self.cfg, plan, runtime, self.store, device)
+        return LinkEvaluation(self.cfg, plan, runtime, self.store, device, self.ranks)
 
     def evaluate(self, evaluator, model) -> dict:
         return evaluator.evaluate(model)
@@ -175,14 +175,18 @@ def held_out(store, split, limit, k, seed) -> tuple:
 
 class LinkEvaluation:
     """MRR and Hits@K of a model on a link store's held-out edges (the module docstring); `describe` and
-    `reads_in_run` as `nodetask.SampledEvaluation`'s."""
+    `reads_in_run` as `nodetask.SampledEvaluation`'s. Among `ranks` (`loop.Ranks`) each ranks the held-out
+    edges it owns (`owns_edges`) and their counts are summed: one process's metrics."""
 
-    def __init__(self, cfg, plan, runtime, store, device):
-        self.cfg, self.runtime, self.device = cfg, runtime, device
+    def __init__(self, cfg, plan, runtime, store, device, ranks):
+        self.cfg, self.runtime, self.device, self.ranks = cfg, runtime, device, ranks
         self.tied, self.warned = {}, False       # per split: the share of edges tied with all their negatives
         self.shared = shared_negatives(store)
-        self.sets = {s: held_out(store, s, cfg.max_eval_nodes, cfg.eval_negatives, cfg.seed + 1)
-                     for s in ("val", "test")}
+        self.sets, self.evaluated = {}, {}       # this rank's (edges, negatives), and every rank's count
+        for split in ("val", "test"):
+            edges, negs = held_out(store, split, cfg.max_eval_nodes, cfg.eval_negatives, cfg.seed + 1)
+            mine = self.ranks.owns_edges(edges)
+            self.sets[split], self.evaluated[split] = (edges[mine], negs if self.shared else negs[mine]), len(edges)
         self.nodes = np.unique(np.concatenate([a.ravel() for pair in self.sets.values() for a in pair]))
         fanouts = [int(f) for f in cfg.eval_fanouts.split(",")]
         self.sampler = Sampler(runtime.eval_topology, fanouts, cfg.seed + 7)
@@ -213,19 +217,20 @@ class LinkEvaluation:
         return torch.cat(out)
 
     def evaluate(self, model) -> dict:
-        """{split: {mrr, hits@1, hits@3, hits@10}}, the edges scored in chunks against their negatives."""
+        """{split: {mrr, hits@1, hits@3, hits@10}}, the edges scored in chunks against their negatives; among
+        ranks, every rank's counts summed."""
         h = self.embeddings(model)
         device, decoder = torch.device(self.device), model.decoder
         was = decoder.training
         decoder.eval()
-        out = {}
+        tallies = {}
         try:
             with torch.no_grad():
                 for split, (edges, negs) in self.sets.items():
                     if self.shared:
-                        out[split] = self.shared_metrics(h, decoder, edges, negs, split)
+                        tallies[split] = self.shared_tallies(h, decoder, edges, negs)
                         continue
-                    ranks, tied = RankMetrics(ks=(1, 3, 10)), 0.0
+                    ranked, tied = RankMetrics(ks=(1, 3, 10)), 0
                     step = max(1, SCORE_BYTES // max(1, (negs.shape[1] + 1) * h.shape[1] * 4))
                     for lo in range(0, len(edges), step):
                         e = np.searchsorted(self.nodes, edges[lo:lo + step])
@@ -234,36 +239,45 @@ class LinkEvaluation:
                         # the destination scored as one more candidate: the same arithmetic as its negatives'
                         scores = decoder.many(src, h[torch.from_numpy(np.hstack([e[:, 1:], n]))].to(device)).float().cpu()
                         neg, all_tied = snap_ties(scores[:, 0], scores[:, 1:])
-                        ranks.add(scores[:, 0], neg)
-                        tied += all_tied * len(e)
-                    out[split] = ranks.result()
-                    self.tied[split] = tied / len(edges)
+                        ranked.add(scores[:, 0], neg)
+                        tied += round(all_tied * len(e))
+                    tallies[split] = (ranked, None, tied)
         finally:
             decoder.train(was)
+        out = {}
+        for split, (ranked, hits, tied) in tallies.items():     # every rank's counts, summed
+            n = len(ranked.totals())
+            every = self.ranks.sum([tied, *ranked.totals(), *(hits.totals() if hits is not None else [])])
+            ranked.set_totals(every[1:1 + n])
+            out[split] = ranked.result()
+            if hits is not None:
+                hits.set_totals(every[1 + n:])
+                out[split].update(hits.result())
+            self.tied[split] = every[0] / ranked.count
         self.warn_collapse()
         return out
 
     def score_pairs(self, h, decoder, pairs) -> torch.Tensor:
         """[len(pairs)] float32 scores of the (source, destination) `pairs`, in chunks."""
         step = max(1, SCORE_BYTES // max(1, 2 * h.shape[1] * 4))
-        out = []
+        out = [torch.zeros(0)]                   # a rank may own none of a split's edges
         for lo in range(0, len(pairs), step):
             e = torch.from_numpy(np.searchsorted(self.nodes, pairs[lo:lo + step]))
             out.append(decoder(h[e[:, 0]].to(self.device), h[e[:, 1]].to(self.device)).float().cpu())
         return torch.cat(out)
 
-    def shared_metrics(self, h, decoder, edges, pairs, split) -> dict:
-        """MRR and Hits@1, 3, 10 of each edge ranked among all the shared negative pairs, and OGB's Hits@20, 50,
-        100 (a hit scores above the K-th highest negative); an edge within rounding of every negative is tied."""
+    def shared_tallies(self, h, decoder, edges, pairs) -> tuple:
+        """(RankMetrics, SharedHits, tied) of the edges `edges` each ranked among all the shared negative pairs
+        (MRR and Hits@1, 3, 10) and OGB's Hits@20, 50, 100 (a hit scores above the K-th highest negative); an edge
+        within rounding of every negative is tied."""
         neg, pos = self.score_pairs(h, decoder, pairs), self.score_pairs(h, decoder, edges)
-        ranks, hits = RankMetrics(ks=(1, 3, 10)), SharedHits(ks=tuple(int(m.split("@")[1]) for m in SHARED_HITS))
-        ranks.add_shared(pos, neg)
+        ranked, hits = RankMetrics(ks=(1, 3, 10)), SharedHits(ks=tuple(int(m.split("@")[1]) for m in SHARED_HITS))
+        ranked.add_shared(pos, neg)
         hits.add_negatives(neg)
         hits.add_positives(pos)
         lo, hi = neg.min(), neg.max()
         near = lambda v: (v - pos).abs() <= TIE_RTOL * torch.maximum(v.abs(), pos.abs())   # noqa: E731
-        self.tied[split] = float((near(lo) & near(hi)).float().mean())
-        return {**ranks.result(), **hits.result()}
+        return ranked, hits, int((near(lo) & near(hi)).sum())
 
     def warn_collapse(self):
         """Say once when most validation edges score equal to all their negatives: the model's embeddings have
@@ -271,6 +285,8 @@ class LinkEvaluation:
         share = self.tied.get("val", 0.0)
         if share >= COLLAPSED and not self.warned:
             self.warned = True
+            if self.ranks.rank:                  # rank 0 says it for every rank
+                return
             print(f"oocgnn: warning: the model's scores have collapsed: {share:.0%} of the validation edges score "
                   f"the same as all their negatives (its embeddings are alike). Lower --lr (now {self.cfg.lr}); "
                   "bag-of-words features want prepare --row-normalize", file=sys.stderr)
@@ -283,18 +299,16 @@ class LinkEvaluation:
                 "eval_spilled": lw.spilled if lw is not None else None,
                 "eval_negatives": int(len(negs) if self.shared else negs.shape[1]),
                 "eval_shared_negatives": self.shared,
-                "eval_edges": {s: len(e) for s, (e, _) in self.sets.items()}}
+                "eval_edges": dict(self.evaluated)}
 
 
 def check_settings(cfg, store):
     """Refuse what a link run cannot be: label-balanced optimizer steps (--accumulate on: there are no labels to
-    balance; auto accumulates only marius's carried batches, `--state-batches carry`) and a distributed run (not
-    yet)."""
+    balance; auto accumulates only marius's carried batches, `--state-batches carry`). A distributed run's ranks
+    read the store shared (`disttrain.exchanges` refuses --rank-data own)."""
     if cfg.accumulate == "on":
         raise UserError("--accumulate on balances labels across mini-batches; a link store's batches are edges "
                         "(use auto: a step per batch, or per --batch-size edges under marius --state-batches carry; "
                         "or off: a step per batch)")
-    if cfg.distributed:
-        raise UserError("distributed training on a link store is not supported yet; train it in one process")
     if not len(store.link_edges("val")):
         raise UserError(f"{store.path}: no validation edges; a link run needs held-out edges to evaluate")

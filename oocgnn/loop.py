@@ -49,6 +49,10 @@ class Ranks:
         """The nodes of `ids` this rank evaluates."""
         return ids
 
+    def owns_edges(self, edges: np.ndarray) -> np.ndarray:
+        """bool [M]: which of the link edges `edges` [M, 2] this rank evaluates."""
+        return np.ones(len(edges), dtype=bool)
+
     def average_gradients(self, model):
         """After backward: every parameter's gradient averaged over the ranks."""
 

@@ -69,7 +69,8 @@ def _edge_split(args):
     if args.split != "given":
         raise UserError("--split cuts labelled nodes for --task node; a link store's edges are split by --edge-split")
     if args.shards:
-        raise UserError("--shards cuts node-classification stores only; a link store is trained whole")
+        raise UserError("--shards cuts node-classification stores only; a link store is trained whole (train "
+                        "--distributed: its ranks read the store itself, each its own edges)")
     if args.edge_split is None:
         return "default"
     return parse_edge_split(args.edge_split) or "given"

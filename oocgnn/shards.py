@@ -68,6 +68,9 @@ def write_shards(store, world, out=None, force=False, progress=True) -> Path:
     atomically (a temporary directory renamed into place)."""
     from tqdm.auto import tqdm
     from .distributed import owner_bounds  # torch: imported when used, not with this module
+    if store.task == "link":
+        raise UserError(f"{store.path} is a link store: its ranks read it shared (train --distributed), each its own "
+                        "training edges; shards hold node batches' rows")
     if store.feature_dtype != "float32":
         raise UserError(f"{store.path} stores {store.feature_dtype} features; shards (`train --distributed`) hold "
                         "float32 rows: prepare the store without --feature-dtype")
