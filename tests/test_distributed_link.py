@@ -121,20 +121,8 @@ def test_two_ranks_evaluate_the_link_metrics_of_one_process(parted_link, tmp_pat
 def test_a_killed_link_run_of_two_ranks_resumes_to_the_same_log(parted_link, tmp_path):
     """MariusGNN's buffer on each rank (a state's partitions and edge buckets resident) killed mid-epoch resumes
     to the log and reads of the run that was not killed."""
-    from .test_distributed import _spawn
-    from .test_distributed_policies import _worker
+    from .test_distributed_policies import assert_resumes_to_the_same_log
     settings = {**COMMON, **RUNS["marius"], "epochs": 2, "eval_every": 0}
     common = ["train", str(parted_link.path), "--distributed", "--policy", "marius", "--no-progress",
               "--checkpoint-every", "3", "--threads", "1", *(f"--{k.replace('_', '-')}={v}" for k, v in settings.items())]
-    assert _spawn(common + ["--out", str(tmp_path / "whole")], tmp_path, "whole", worker=_worker) == [0, 0]
-    killed = tmp_path / "killed"
-    assert _spawn(common + ["--out", str(killed)], tmp_path, "killed", crash_at=8, worker=_worker) == [130, 130]
-    assert (killed / "checkpoint.pt").exists() and not (killed / "summary.json").exists()
-    assert _spawn(["train", str(parted_link.path), "--distributed", "--resume", str(killed), "--no-progress"],
-                  tmp_path, "resumed", worker=_worker) == [0, 0]
-    a, b = (pd.read_csv(d / "log.csv") for d in (tmp_path / "whole", killed))
-    cols = ["epoch", "step", "train_loss", "val_mrr", "test_mrr", "bytes_read", "requests"]
-    pd.testing.assert_frame_equal(a[cols], b[cols], rtol=1e-6)
-    s = [json.loads((d / "summary.json").read_text()) for d in (tmp_path / "whole", killed)]
-    assert [r["io"]["bytes_read"] for r in s[0]["ranks"]] == [r["io"]["bytes_read"] for r in s[1]["ranks"]]
-    assert s[1]["resumed_at"] == 6
+    assert_resumes_to_the_same_log(parted_link, common, tmp_path, 8, ["val_mrr", "test_mrr"], 6)

@@ -100,15 +100,21 @@ def test_a_killed_run_of_every_rank_resumes_to_the_same_log(fennel16, tmp_path):
     common = ["train", str(fennel16.path), "--distributed", "--rank-data", "shared", "--policy", "outre",
               "--no-progress", "--checkpoint-every", "5", "--threads", "1",   # equal logs need one thread
               *_flags({**COMMON, **SETTINGS["outre"], "epochs": 3, "max_eval_nodes": 200})]
+    assert_resumes_to_the_same_log(fennel16, common, tmp_path, 12, ["val_acc", "test_acc"], 10)
+
+
+def assert_resumes_to_the_same_log(store, common, tmp_path, crash_at, metrics, resumed_at):
+    """`common` (`oocgnn train` argv but --out) on 2 spawned ranks run whole, and killed at its crash_at-th step
+    then resumed: the same log (steps, loss, `metrics`, reads) and every rank's reads; resumed at `resumed_at`."""
     assert _spawn(common + ["--out", str(tmp_path / "whole")], tmp_path, "whole", worker=_worker) == [0, 0]
     killed = tmp_path / "killed"
-    assert _spawn(common + ["--out", str(killed)], tmp_path, "killed", crash_at=12, worker=_worker) == [130, 130]
+    assert _spawn(common + ["--out", str(killed)], tmp_path, "killed", crash_at=crash_at, worker=_worker) == [130, 130]
     assert (killed / "checkpoint.pt").exists() and not (killed / "summary.json").exists()
-    assert _spawn(["train", str(fennel16.path), "--distributed", "--resume", str(killed), "--no-progress"],
+    assert _spawn(["train", str(store.path), "--distributed", "--resume", str(killed), "--no-progress"],
                   tmp_path, "resumed", worker=_worker) == [0, 0]
     a, b = (pd.read_csv(d / "log.csv") for d in (tmp_path / "whole", killed))
-    cols = ["epoch", "step", "train_loss", "val_acc", "test_acc", "bytes_read", "requests"]
+    cols = ["epoch", "step", "train_loss", *metrics, "bytes_read", "requests"]
     pd.testing.assert_frame_equal(a[cols], b[cols], rtol=1e-6)
     s = [json.loads((d / "summary.json").read_text()) for d in (tmp_path / "whole", killed)]
     assert [r["io"]["bytes_read"] for r in s[0]["ranks"]] == [r["io"]["bytes_read"] for r in s[1]["ranks"]]
-    assert s[1]["resumed_at"] == 10
+    assert s[1]["resumed_at"] == resumed_at
