@@ -8,6 +8,8 @@ import pytest
 
 # checking a notebook must not rewrite the committed figures/ (timings differ run to run)
 os.environ.setdefault("OOCGNN_FIGURES", tempfile.mkdtemp(prefix="oocgnn-figures-"))
+# a notebook nbval executes runs torch's kernels as the reports do (`oocgnn.reports.same_kernels_on_x86`)
+os.environ.setdefault("ATEN_CPU_CAPABILITY", "avx2")
 
 
 @pytest.hookimpl(tryfirst=True)
