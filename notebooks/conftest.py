@@ -6,10 +6,11 @@ import tempfile
 
 import pytest
 
+from oocgnn.reports import same_kernels_on_x86
+
 # checking a notebook must not rewrite the committed figures/ (timings differ run to run)
 os.environ.setdefault("OOCGNN_FIGURES", tempfile.mkdtemp(prefix="oocgnn-figures-"))
-# a notebook nbval executes runs torch's kernels as the reports do (`oocgnn.reports.same_kernels_on_x86`)
-os.environ.setdefault("ATEN_CPU_CAPABILITY", "avx2")
+same_kernels_on_x86()        # a notebook nbval executes runs torch's kernels as the reports do
 
 
 @pytest.hookimpl(tryfirst=True)

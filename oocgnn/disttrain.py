@@ -171,7 +171,7 @@ class TorchRanks(Ranks):
         return _owned(ids, self.bounds, self.rank)
 
     def owns_edges(self, edges):
-        return edge_owner(self.bounds, edges) == self.rank
+        return _owns_edges(edges, self.bounds, self.rank)
 
     def average_gradients(self, model):
         params = [p for p in model.parameters() if p.requires_grad]
@@ -234,7 +234,7 @@ class RankView:
     @cached_property
     def train_edges(self) -> np.ndarray:
         edges = self.store.train_edges
-        return edges[edge_owner(self.bounds, edges) == self.rank]
+        return edges[_owns_edges(edges, self.bounds, self.rank)]
 
     def __getattr__(self, name):
         return getattr(self.store, name)
@@ -265,3 +265,8 @@ def gradient_group(device, world, timeout):
 
 def _owned(ids, bounds, rank):
     return ids[(ids >= bounds[rank]) & (ids < bounds[rank + 1])]
+
+
+def _owns_edges(edges, bounds, rank):
+    """bool [M]: which link edges rank `rank` trains and evaluates (`distributed.edge_owner`)."""
+    return edge_owner(bounds, edges) == rank
