@@ -445,7 +445,7 @@ def build_parser() -> argparse.ArgumentParser:
     co.add_argument("--policies", default="",
                     help="policies to compare, comma-separated (default: every policy that trains the store's "
                          "task: inmemory,mmap,hierbatching,outre,ginex,macrobatch,marius,composed,packed on a node "
-                         "store, all but outre and composed on a link store, compared by MRR)")
+                         "store, all but composed on a link store, compared by MRR)")
     co.add_argument("--out", default=None, help="directory for the runs and comparison.{csv,png} "
                                                  "(default runs/compare-<store>)")
     co.add_argument("--figure", default="", help="also write the table and figure to this path, without "

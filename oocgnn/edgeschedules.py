@@ -7,6 +7,8 @@
   holding both.
 - `edge-megabatch`: `schedules.MegabatchSchedule` for link prediction: each training edge trains in one
   mega-batch an epoch (once a pass), the one holding both endpoints where there is one.
+- `edge-partition`: `schedules.PartitionSchedule` (OUTRE) for link prediction: each training edge trains in the
+  macro batch of one of its endpoints' parts.
 
 A step (`schedules.Step`) carries its edges and negatives in `link` (`schedules.LinkBatch`); its residency
 changes follow the node schedule it extends.
@@ -17,11 +19,12 @@ from functools import cached_property
 
 import numpy as np
 
+from .distributed import edge_owner
 from .errors import UserError
 from .negatives import batch_negatives
 from .orderings import epoch_states
-from .schedules import (_EMPTY, BufferSchedule, LinkBatch, MegabatchSchedule, Schedule, Step, Visible, _cut,
-                        _carry_cut, _even_cut, _ids_of_ranges, _merge)
+from .schedules import (_EMPTY, BufferSchedule, LinkBatch, MegabatchSchedule, PartitionSchedule, Schedule, Step,
+                        Visible, _cut, _carry_cut, _even_cut, _ids_of_ranges, _merge)
 
 
 STATE_BATCHES = ("even", "full", "carry")
@@ -197,18 +200,20 @@ class EdgeMegabatchSchedule(_GroupedEdges, MegabatchSchedule):
     rule: the nodes in memory), a mega-batch of one METIS community ranks its edges only against that community's
     nodes, and the model never learns to tell communities apart (amazon_photo, N_d = 1 of 16 METIS parts: test
     MRR 0.16 against in-memory's 0.59). Its degree-drawn negatives are among its destinations
-    (`EdgeSchedule.batch`). Mega-batches without edges are not loaded."""
+    (`EdgeSchedule.batch`). Mega-batches without edges are not loaded.
+
+    Unrestricted (`restricted=False`, the composed policy's), sampling covers the graph and rows outside the
+    mega-batch are read as a batch needs them (composed: through its Belady cache): an edge trains in the same
+    mega-batch, with no outsiders read with it and no pool, its uniform negatives drawn over every node."""
     name = "edge-megabatch"
 
     def __init__(self, store, batch_size=1024, parts_per_megabatch=8, static_ratio=0.01, passes=1.0,
                  static_scope="adjacent", seed=0, assignment=None, restricted=True, num_negatives=100, chunks=10,
                  degree_fraction=0.0, negative_pool=0):
-        if not restricted:
-            raise UserError("link mega-batches sample inside themselves (restricted): outsiders are declared visible")
         super().__init__(store, batch_size, parts_per_megabatch, static_ratio, passes, static_scope, seed,
-                         assignment)
+                         assignment, restricted)
         self.edge_batches = EdgeSchedule(store, batch_size, seed, num_negatives, chunks, degree_fraction)
-        self.negative_pool = min(int(negative_pool), store.num_nodes)
+        self.negative_pool = min(int(negative_pool), store.num_nodes) if self.restricted else 0
 
     def params(self):
         return {**super().params(), "negative_pool": self.negative_pool}
@@ -245,7 +250,7 @@ class EdgeMegabatchSchedule(_GroupedEdges, MegabatchSchedule):
         static = self._static_mask[self.edge_batches.edges]            # [M, 2]
         apart = g[:, 0] != g[:, 1]
         home = np.where(apart & static[:, 0] & ~static[:, 1], g[:, 1], g[:, 0])
-        return perm, home, apart & ~static.any(axis=1)
+        return perm, home, apart & ~static.any(axis=1) & self.restricted
 
     def groups(self, epoch):
         """[(ranges, positions of its training edges, its outsiders, its negative pool)] of the epoch's
@@ -274,8 +279,8 @@ class EdgeMegabatchSchedule(_GroupedEdges, MegabatchSchedule):
         resident, held = (prev[-1][0], prev[-1][2]) if prev else ([], _EMPTY)
         edges, b = self.edge_batches.edges, 0
         for g, (ranges, positions, outsiders, pool) in enumerate(self.groups(epoch)):
-            visible = Visible(lambda r, x=outsiders: np.union1d(self.visible(r), x), ranges)
-            nodes = _ids_of_ranges(ranges) if pool is None else pool
+            visible = Visible(lambda r, x=outsiders: np.union1d(self.visible(r), x), ranges) if self.restricted else None
+            nodes = None if not self.restricted else _ids_of_ranges(ranges) if pool is None else pool
             for j, batch in enumerate(self.batches(positions, rng)):
                 step = self.edge_batches.batch(edges[batch], epoch, b, nodes)
                 step.group, step.data, step.group_visible, step.scattered = g, self.data, visible, self.scattered
@@ -290,10 +295,60 @@ class EdgeMegabatchSchedule(_GroupedEdges, MegabatchSchedule):
     def outsiders_by_part(self) -> tuple:
         """(rows, entries) per part, each sorted descending: the distinct other-part destinations of the edges
         whose source is in the part, and the sum of their degrees (statics included). A mega-batch's outsiders
-        and their lists are at most its parts' sums: the largest N_d of each bound any grouping's."""
+        and their lists are at most its parts' sums: the largest N_d of each bound any grouping's. Unrestricted,
+        none (zeros)."""
+        if not self.restricted:
+            return np.zeros(self.num_parts, np.int64), np.zeros(self.num_parts, np.int64)
         ep, dst = self.edge_parts, self.edge_batches.edges[:, 1]
         cross = ep[:, 0] != ep[:, 1]
         pairs = np.unique(np.stack([ep[cross, 0], dst[cross]], axis=1), axis=0)
         rows = np.bincount(pairs[:, 0], minlength=self.num_parts)
         entries = np.bincount(pairs[:, 0], self.store.degrees()[pairs[:, 1]], self.num_parts).astype(np.int64)
         return np.sort(rows)[::-1], np.sort(entries)[::-1]
+
+
+class EdgePartitionSchedule(_GroupedEdges, PartitionSchedule):
+    """OUTRE §4.2's partition-based batching for link prediction. The paper trains node classification only
+    (papers/outre.md): a macro batch is `n_per_macro` random parts and its mini-batches are cut from their
+    training nodes, so that they share neighbours (the Redundancy Ratio it lowers). Here its examples are
+    training edges: an edge (u, v) trains in the macro batch of u's part where u + v is even, else of v's (the
+    rule `distributed.edge_owner` splits edges between ranks by: an even share of the edges between two
+    macro batches for each), its batches cut from the macro batch's shuffled edges (`EdgeSchedule.batch`, a
+    short last one, as OUTRE's node batches). Sampling covers the graph, as OUTRE's does (rows outside the
+    static cache are read directly), so negatives are drawn over every node, as an in-memory run's are."""
+    name = "edge-partition"
+
+    def __init__(self, store, batch_size=1024, n_per_macro=20, seed=0, num_negatives=100, chunks=10,
+                 degree_fraction=0.0):
+        super().__init__(store, batch_size, n_per_macro, seed)
+        self.edge_batches = EdgeSchedule(store, batch_size, seed, num_negatives, chunks, degree_fraction)
+
+    @cached_property
+    def part_of_edge(self) -> np.ndarray:
+        """int64 [M]: the part whose macro batch trains each training edge (the class docstring's rule)."""
+        return edge_owner(self.offsets, self.edge_batches.edges)
+
+    def groups(self, epoch):
+        """[(ranges, positions of its training edges)] of the epoch's macro batches that hold edges, in order."""
+        perm = self.rng(epoch, 0).permutation(self.num_parts)
+        group_of = np.empty(self.num_parts, np.int64)
+        group_of[perm] = np.arange(self.num_parts) // self.group_size
+        home = group_of[self.part_of_edge]
+        order = np.argsort(home, kind="stable")
+        count = -(-self.num_parts // self.group_size)
+        cut = np.searchsorted(home[order], np.arange(count + 1))
+        return [(_merge(r for k in perm[i * self.group_size:(i + 1) * self.group_size] for r in self.part_ranges(k)),
+                 order[cut[i]:cut[i + 1]]) for i in range(count) if cut[i + 1] > cut[i]]
+
+    def epoch(self, epoch):
+        rng, resident = self.rng(epoch, 1), self._previous(epoch)
+        edges, b = self.edge_batches.edges, 0
+        for g, (ranges, positions) in enumerate(self.groups(epoch)):
+            for j, batch in enumerate(self.batches(positions, rng)):
+                step = self.edge_batches.batch(edges[batch], epoch, b)
+                step.group, step.data = g, self.data
+                if j == 0:
+                    step.leave_ranges, step.enter_ranges = resident, ranges
+                    resident = ranges
+                b += 1
+                yield step

@@ -124,19 +124,21 @@ LOADS = ("load_feature_rows", "load_feature_pages", "load_feature_requests", "lo
 
 
 class Residency:
-    """What is in RAM: boolean masks over store ids per (data, setup|ranges|ids); `apply` counts the
-    loads. Setup residents (`apply(step, setup=True)`) stay all run: steps never move them."""
+    """What is in RAM: boolean masks over store ids per (data, setup|ranges|ids|fetched); `apply` counts the
+    loads. Setup residents (`apply(step, setup=True)`) stay all run: steps never move them; `fetched` is what a
+    plan sampling ahead fetched for its chunk (`fetch`, `change`), apart from the rows its steps bring."""
 
     def __init__(self, store, feature_cache=None, neighbour_cache=None, buckets=None):
         n = store.num_nodes
         self.buckets, self.parts = buckets, set()     # a partition buffer's bucket file and held partitions
         self.layout, self.deg = Layout(store), store.degrees()
-        self.masks = {(d, k): np.zeros(n, dtype=bool) for d in DATA for k in ("setup", "ranges", "ids")}
+        self.masks = {(d, k): np.zeros(n, dtype=bool) for d in DATA for k in ("setup", "ranges", "ids", "fetched")}
         self.extra = {"features": _as_mask(feature_cache, n), "adjacency": _as_mask(neighbour_cache, n)}
         self._update()
 
     def _update(self):
-        held = {d: self.masks[d, "setup"] | self.masks[d, "ranges"] | self.masks[d, "ids"] for d in DATA}
+        held = {d: self.masks[d, "setup"] | self.masks[d, "ranges"] | self.masks[d, "ids"] | self.masks[d, "fetched"]
+                for d in DATA}
         self.resident = {d: held[d] | self.extra[d] for d in DATA}
         self.counts = {d: int(np.count_nonzero(held[d])) for d in DATA}
 
@@ -185,10 +187,10 @@ class Residency:
 
 
     def fetch(self, fetch) -> dict:
-        """A chunk's fetch (`oocgnn.ahead`): its resident rows replace the previous chunk's scattered rows;
+        """A chunk's fetch (`oocgnn.ahead`): its resident rows replace the previous chunk's fetched rows;
         the rows read then (those not held, or all of them if it rereads) are its load."""
         load, ids = dict.fromkeys(LOADS, 0), fetch.resident
-        held = self.masks["features", "ids"]
+        held = self.masks["features", "fetched"]
         read = ids if fetch.reread else ids[~held[ids]]
         load["load_feature_rows"] = len(read)
         if fetch.span is not None:      # one range of a packed file at the store's stride (DiskGNN)
@@ -205,11 +207,12 @@ class Residency:
         """A batch's changeset (Ginex §3.4): `evict` leaves the scattered rows, `admit` (rows the batch
         read) enters them; no I/O."""
         m = self.masks
-        m["features", "ids"][evict] = False
-        m["features", "ids"][admit] = True
+        m["features", "fetched"][evict] = False
+        m["features", "fetched"][admit] = True
         for ids in (evict, admit):
             self.resident["features"][ids] = (m["features", "setup"][ids] | m["features", "ranges"][ids]
-                                              | m["features", "ids"][ids] | self.extra["features"][ids])
+                                              | m["features", "ids"][ids] | m["features", "fetched"][ids]
+                                              | self.extra["features"][ids])
         self.counts["features"] += len(admit) - len(evict)
 
 

@@ -24,7 +24,9 @@ COMMON = {"epochs": 4, "batch_size": 256, "fanouts": "5,5", "hidden": 32, "negat
 RUNS = {"inmemory": {},
         "marius": {"physical_parts": 8, "buffer_parts": 4, "topology": "disk", "memory_budget": "64MB"},
         "hierbatching": {"parts_per_megabatch": 4, "static_ratio": 0.05, "memory_budget": "8MB"},
-        "ginex": {"superbatch": 2, "memory_budget": "600KB"}}
+        "ginex": {"superbatch": 2, "memory_budget": "600KB"},
+        "outre": {"parts_per_macro": 2, "memory_budget": "1MB"},
+        "composed": {"parts_per_megabatch": 2, "static_ratio": 0.02, "superbatch": 2, "memory_budget": "2MB"}}
 
 
 def _torchrun(store, out, policy, settings, ranks=2):

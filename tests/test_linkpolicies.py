@@ -245,6 +245,73 @@ def test_hierbatching_negative_pools_are_uniform_over_the_graph(link16):
     assert abs(inside / (draws * 100) - 4 / 16) < 0.03           # a mega-batch holds 4 of 16 parts
 
 
+OUTRE = {"policy": "outre", "parts_per_macro": 4, "memory_budget": "1500KB"}
+
+
+def test_outre_trains_every_edge_once_an_epoch_in_the_macro_batch_of_an_endpoints_part(link16):
+    """OUTRE's macro batches on a link store: each training edge trains once an epoch, in the macro batch holding
+    its owning endpoint (u where u + v is even, else v: `distributed.edge_owner` over parts), which it loads the
+    lists of on its first batch; batches hold at most B edges, the last of a macro batch may be short; the edges
+    split about evenly between an edge's two endpoints' parts; negatives are drawn over the whole graph."""
+    plan = make_plan(link16, TrainConfig.create(store=str(link16.path), batch_size=256, **OUTRE))
+    sch = plan.schedule
+    edges, n = sch.edge_batches.edges, link16.num_nodes
+    home = np.where((edges[:, 0] + edges[:, 1]) % 2 == 0, edges[:, 0], edges[:, 1])
+    assert np.mean(home == edges[:, 0]) == pytest.approx(0.5, abs=0.05)
+    for epoch in range(2):
+        groups = sch.groups(epoch)
+        assert len(groups) == 4
+        trained, outside = [], 0
+        for step in sch.epoch(epoch):
+            ranges, positions = groups[step.group]
+            t = np.zeros(n, bool)
+            for lo, hi in ranges:
+                t[lo:hi] = True
+            if step.enter_ranges:
+                assert step.enter_ranges == ranges and step.data == ("adjacency",)
+            u, v = step.link.edges.T
+            assert t[np.where((u + v) % 2 == 0, u, v)].all() and len(u) <= 256
+            assert step.visible is None
+            outside += int((~t[step.link.negatives]).sum())
+            trained.append(step.link.edges)
+        trained = np.concatenate(trained)
+        assert len(trained) == len(edges)
+        assert np.array_equal(np.unique(trained, axis=0), np.unique(edges, axis=0))      # each edge once
+        assert sum(len(p) for _, p in groups) == len(edges)
+        assert outside > 0
+
+
+COMPOSED = {"policy": "composed", "parts_per_megabatch": 4, "static_ratio": 0.02, "superbatch": 2,
+            "memory_budget": "6MB"}
+
+
+def test_composed_trains_every_edge_once_a_pass_in_a_mega_batch_sampled_over_the_graph(link16):
+    """The composed policy's link mega-batches are HierBatching's, unrestricted: each training edge once a pass in
+    the mega-batch holding its source (or its destination where the source is static), nothing read with a
+    mega-batch but its parts, sampling and uniform negatives over the whole graph."""
+    plan = make_plan(link16, TrainConfig.create(store=str(link16.path), batch_size=256, **COMPOSED, passes=2.0))
+    sch = plan.schedule
+    assert not sch.restricted and sch.negative_pool == 0
+    edges, static, n = sch.edge_batches.edges, sch._static_mask, link16.num_nodes
+    groups = sch.groups(0)
+    trained, outside = [], 0
+    for step in sch.epoch(0):
+        ranges, _, outsiders, pool = groups[step.group]
+        assert len(outsiders) == 0 and pool is None and step.visible is None and len(step.enter_ids) == 0
+        t = np.zeros(n, bool)
+        for lo, hi in ranges:
+            t[lo:hi] = True
+        src, dst = step.link.edges.T
+        assert (t[src] | (static[src] & t[dst])).all()
+        outside += int((~t[step.link.negatives]).sum())
+        trained.append(step.link.edges)
+    trained = np.concatenate(trained)
+    assert len(trained) == 2 * len(edges) and outside > 0
+    keys = np.sort(edges[:, 0] * n + edges[:, 1])
+    assert (np.bincount(np.searchsorted(keys, trained[:, 0] * n + trained[:, 1]), minlength=len(edges)) == 2).all()
+    assert plan.memory().get("induced", 0) == 0 and plan.group_rows() == plan._largest(plan._parts()[0], plan.n_d)
+
+
 LINK_RUNS = {
     "hierbatching": {**HB, "passes": 2.0},
     "hierbatching-pool": {**HB, "negative_pool": 300},
@@ -258,6 +325,10 @@ LINK_RUNS = {
     "macrobatch-disk": {"policy": "macrobatch", "macrobatch": 2, "memory_budget": "8MB", "topology": "disk",
                         "static_cache": True},
     "packed": {"policy": "packed", "memory_budget": "8MB"},
+    "outre": OUTRE,
+    "outre-disk": {**OUTRE, "topology": "disk", "history_ratio": 0.1, "staleness": 4, "feature_cache": "frequency"},
+    "composed": COMPOSED,
+    "composed-induced": {**COMPOSED, "induced": True, "history_ratio": 0.1, "staleness": 4, "memory_budget": "8MB"},
 }
 
 
@@ -272,6 +343,8 @@ def test_link_policies_read_what_simulate_counts(link16, tmp_path, name):
     run = train(cfg)
     _assert_agree(run, *_simulated(link16, cfg), exact=True)
     assert run["io"]["pages"] > 0
+    if "history_ratio" in LINK_RUNS[name]:
+        assert run["history_hits"] > 0                                   # OUTRE's histories prune reads
     plan = make_plan(link16, cfg)
     declared = plan.memory()
     induced = declared.pop("induced", None)
@@ -304,7 +377,9 @@ def test_hierbatching_on_a_disk_topology_trains_as_on_a_memory_one(link16, tmp_p
 @pytest.mark.parametrize("settings", [{"policy": "hierbatching", "parts_per_megabatch": 4, "static_ratio": 0.05},
                                       {"policy": "ginex", "superbatch": 2, "memory_budget": "600KB"},
                                       {"policy": "macrobatch", "macrobatch": 2, "memory_budget": "1MB"},
-                                      {"policy": "packed", "memory_budget": "1MB"}, {"policy": "mmap"}],
+                                      {"policy": "packed", "memory_budget": "1MB"}, {"policy": "mmap"},
+                                      {"policy": "outre", "parts_per_macro": 2, "memory_budget": "1MB"},
+                                      {"policy": "composed", "parts_per_megabatch": 2, "memory_budget": "1MB"}],
                          ids=lambda s: s["policy"])
 def test_link_policies_learn(parted_link, tmp_path, settings):
     """Each out-of-core policy that trains on a link store raises the validation MRR over 4 epochs."""
@@ -314,7 +389,7 @@ def test_link_policies_learn(parted_link, tmp_path, settings):
     assert len(mrr) >= 3 and mrr[-1] > mrr[0] + 0.05, mrr
 
 
-LINK_POLICIES = ["inmemory", "hierbatching", "ginex", "macrobatch", "marius"]
+LINK_POLICIES = ["inmemory", "hierbatching", "ginex", "macrobatch", "marius", "outre", "composed"]
 
 
 def test_tune_ranks_the_policies_that_train_a_link_store(link16, tmp_path):
@@ -323,11 +398,9 @@ def test_tune_ranks_the_policies_that_train_a_link_store(link16, tmp_path):
     cfg = TrainConfig.create(store=str(link16.path), memory_budget="8MB", epochs=1, batch_size=256, fanouts="5,5",
                              negatives=20, negative_chunks=4, max_eval_nodes=64, progress=False, threads=1)
     result = tune(cfg, out=tmp_path / "t", top=2, predict_steps=6, cache=tmp_path / "cache", progress=False,
-                  log=lambda *a: None, policies=LINK_POLICIES + ["outre"])
+                  log=lambda *a: None, policies=LINK_POLICIES)
     ranking = result["ranking"]
     assert set(ranking[ranking.fits].policy) <= set(LINK_POLICIES) and ranking[ranking.fits].policy.nunique() >= 3
-    outre = ranking[ranking.policy == "outre"]
-    assert not outre.fits.any() and outre.reason.str.contains("does not train on link stores").all()
     fits = ranking[ranking.fits]
     assert (fits.predicted_s.diff().dropna() >= 0).all() and (fits.predicted_s > 0).all()
     measured = ranking[ranking.measured_s.notna()]

@@ -137,14 +137,21 @@ def test_held_out_edges_never_reach_a_sampled_block(small_link):
 
 
 @pytest.mark.parametrize("settings, message", [
-    ({"policy": "outre"}, "policies that do: inmemory, mmap, hierbatching, ginex, macrobatch, marius, packed$"),
-    ({"policy": "composed"}, "policy composed does not train on link stores yet"),
     ({"target_metric": "acc"}, "does not apply to a link store"),
     ({"accumulate": "on"}, "a link store's batches are edges"),
 ])
 def test_what_a_link_run_cannot_do_is_refused(small_link, tmp_path, settings, message):
     with pytest.raises(UserError, match=message):
         train(_cfg(small_link, tmp_path, **settings))
+
+
+def test_a_policy_for_node_stores_only_is_refused_on_a_link_store(small_link, tmp_path, monkeypatch):
+    """Every policy trains link stores now; one that did not would be refused with those that do."""
+    from oocgnn.policies import POLICIES
+    monkeypatch.setattr(POLICIES["composed"], "tasks", ("node",))
+    with pytest.raises(UserError, match="policy composed does not train on link stores yet; policies that do: "
+                                        "inmemory, mmap, hierbatching, outre, ginex, macrobatch, marius, packed$"):
+        train(_cfg(small_link, tmp_path, policy="composed"))
 
 
 def test_seeds_aggregate_a_link_store_s_mrr(small_link, tmp_path, capsys):

@@ -9,7 +9,7 @@ import numpy as np
 from ..errors import UserError
 from ..importance import history_nodes
 from ..units import format_size
-from .base import HistorySpec, either, register, resolved_staleness, setting, shared
+from .base import _EMPTY, HistorySpec, either, register, resolved_staleness, setting, shared
 from .hierbatching import HierBatchingPlan
 from .outre import OutrePlan
 from .sampleahead import GinexPlan, SampleAheadPlan
@@ -26,7 +26,7 @@ class ComposedPlan(SampleAheadPlan, HierBatchingPlan):
     listed = 7
     name, source, size_flag = "composed", "HierBatching Alg. 1 + Ginex §3.4 + OUTRE §4.3", "superbatch"
     io_pattern = "sequential part ranges + Belady cache misses outside them, many in flight"
-    tasks = ("node",)            # not its parents' link: link mega-batches sample inside themselves, composed leaves them
+    tasks = ("node", "link")     # link: HierBatching's edges of a mega-batch, sampled over the graph (`--induced`: inside)
     grid = tuple({"parts_per_megabatch": n, "superbatch": 4} for n in (4, 8, 16, 32, 64, 128, 256, 512))
     change_bytes = 12             # as Ginex's: in ids, out ids and positions, int32
 
@@ -107,23 +107,24 @@ class ComposedPlan(SampleAheadPlan, HierBatchingPlan):
         return self.cache_rows * self.store.row_bytes
 
     def _group_bounds(self, epoch, group):
-        """(lo, hi) arrays of the store-id ranges of the epoch's mega-batch `group` (sorted, disjoint)."""
+        """(lo, hi, ids): the store-id ranges of the epoch's mega-batch `group` as (lo, hi) arrays (sorted,
+        disjoint) and the rows read with it (a link mega-batch's outsiders and pool under --induced; else none)."""
         if self._groups[0] != epoch:
-            self._groups = (epoch, [tuple(np.array(r, np.int64).reshape(-1, 2).T) for r, _ in
-                                    self.schedule.groups(epoch)])
+            self._groups = (epoch, [(*np.array(g[0], np.int64).reshape(-1, 2).T, g[2] if len(g) > 2 else _EMPTY)
+                                    for g in self.schedule.groups(epoch)])
         return self._groups[1][group]
 
     def chunk_fetch(self, items, inputs):
-        """The Belady changesets of what the chunk reads outside its mega-batch ∪ static set; positions
-        are made positions in each batch's sorted input rows again (what the stage gathers)."""
+        """The Belady changesets of what the chunk reads outside its mega-batch ∪ static set (and the rows read
+        with it); positions are made positions in each batch's sorted input rows again (what the stage gathers)."""
         _, epoch, _, step, _ = items[0]
-        lo, hi = self._group_bounds(epoch, step.group)
+        lo, hi, held = self._group_bounds(epoch, step.group)
         static = self.schedule._static_mask
         rows, outside = [], []
         for ids in inputs:
             ids = np.sort(ids)
             k = np.searchsorted(lo, ids, side="right") - 1
-            inside = (k >= 0) & (ids < hi[np.maximum(k, 0)])
+            inside = (k >= 0) & (ids < hi[np.maximum(k, 0)]) | np.isin(ids, held, assume_unique=True)
             rows.append(ids)
             outside.append(np.flatnonzero(~(inside | static[ids])))
         fetch = self.fetcher([r[o] for r, o in zip(rows, outside)])

@@ -290,7 +290,7 @@ class HierBatchingPlan(Plan):
         """`Plan.memory`; on a link store a mega-batch's induced subgraph also holds its outsiders' lists (rows
         in `group_rows`; entries at most the N_d largest parts', `EdgeMegabatchSchedule.outsiders_by_part`)."""
         out = super().memory()
-        if self.task == "link" and self.topology == "memory":     # on disk, `group_entries` has them
+        if self.task == "link" and self.topology == "memory" and self.induces:   # on disk, `group_entries` has them
             held = min(self.store.num_edges, self.setup_entries() + self.group_entries())
             pool = int(self._top_degrees[self._pool])
             entries = min(self.store.num_edges, held + int(self._outsiders[1][:self.n_d].sum()) + pool) - held

@@ -7,6 +7,7 @@ from functools import cached_property
 import numpy as np
 
 from ..cache import make_cache
+from ..edgeschedules import EdgePartitionSchedule
 from ..errors import UserError
 from ..importance import choose_history_split, history_nodes, history_reuse, importance, ranks
 from ..ranking import top_ids
@@ -27,6 +28,7 @@ class OutrePlan(Plan):
     name, source, neighbour_cache_default = "outre", "OUTRE §4.2-4.4", 0.1
     io_pattern = "scattered cache misses, many in flight"
     grid = tuple({"parts_per_macro": k} for k in (10, 20, 40))
+    tasks = ("node", "link")     # link: an edge trains in the macro batch of one endpoint's part, sampled over the graph
 
     @dataclass
     class Options:
@@ -162,7 +164,13 @@ class OutrePlan(Plan):
 
     @cached_property
     def schedule(self):
-        return make_schedule("partition", self.store, batch_size=self.cfg.batch_size, seed=self.seed,
+        """Macro batches of --parts-per-macro random parts; on a link store of training edges, each in the macro
+        batch of one endpoint's part (`edgeschedules.EdgePartitionSchedule`)."""
+        cfg = self.cfg
+        if self.task == "link":
+            return EdgePartitionSchedule(self.store, cfg.batch_size, self.options.parts_per_macro, self.seed,
+                                         cfg.negatives, cfg.negative_chunks, cfg.negative_degree_fraction)
+        return make_schedule("partition", self.store, batch_size=cfg.batch_size, seed=self.seed,
                              n_per_macro=self.options.parts_per_macro)
 
     def _history_nodes(self):
