@@ -1,7 +1,7 @@
 """Link prediction's out-of-core policies (`edgeschedules`): MariusGNN's edge buckets in buffer states (every bucket
 once an epoch, its batches cut three ways, c = p equal to in-memory training), HierBatching's edges of a mega-batch
-and its negative pool, Ginex's and BatchGNN's batches; each reads what the simulator counts, learns, and the tuner
-ranks them."""
+and its negative pool, OUTRE's macro batches (histories included), the composed policy's unrestricted mega-batches,
+Ginex's and BatchGNN's batches; each reads what the simulator counts, learns, and the tuner ranks them."""
 import numpy as np
 import pandas as pd
 import pytest
