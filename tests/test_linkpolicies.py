@@ -409,3 +409,14 @@ def test_tune_ranks_the_policies_that_train_a_link_store(link16, tmp_path):
     s = train(TrainConfig.create(**{**result["config"], "out": str(tmp_path / "chosen"), "max_steps": 2,
                                     "progress": False}))
     assert s["target_metric"] == "mrr" and s["policy"] == result["config"]["policy"]
+
+
+def test_composed_draws_from_a_negative_pool_only_inside_its_mega_batches(link16):
+    """Under --induced composed's link mega-batches are HierBatching's, its negative pool too (auto: --negatives x
+    --negative-chunks nodes, read with each); sampling over the graph it has none, and asking for one is refused."""
+    cfg = TrainConfig.create(store=str(link16.path), batch_size=256, **COMPOSED)
+    assert make_plan(link16, cfg).schedule.negative_pool == 0
+    induced = make_plan(link16, cfg.replace(induced=True, memory_budget="64MB"))
+    assert induced.schedule.restricted and induced.schedule.negative_pool == cfg.negatives * cfg.negative_chunks
+    with pytest.raises(UserError, match="--negative-pool draws negatives for mega-batches that sample inside"):
+        make_plan(link16, cfg.replace(negative_pool=300))

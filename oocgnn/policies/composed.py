@@ -38,6 +38,7 @@ class ComposedPlan(SampleAheadPlan, HierBatchingPlan):
         static_scope: str = shared(HierBatchingPlan.Options, "static_scope")
         pipeline: bool = shared(HierBatchingPlan.Options, "pipeline")
         regroup: str = shared(HierBatchingPlan.Options, "regroup")
+        negative_pool: int | str = shared(HierBatchingPlan.Options, "negative_pool")
         superbatch: int = shared(GinexPlan.Options, "superbatch")
         history_ratio: float | str = shared(OutrePlan.Options, "history_ratio")
         history_by: str = shared(OutrePlan.Options, "history_by")

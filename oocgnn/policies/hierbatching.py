@@ -100,7 +100,8 @@ class HierBatchingPlan(Plan):
                                                    "mega-batch and read with it, its batches' uniform negatives drawn "
                                                    "among them (0: among the mega-batch's own nodes, MariusGNN's rule); "
                                                    "auto: --negatives x --negative-chunks, halved while the budget "
-                                                   "then holds no mega-batch")
+                                                   "then holds no mega-batch; composed uses one only with "
+                                                   "--induced, else it draws over the graph)")
 
         def __post_init__(self):
             if self.parts_per_megabatch < 0:
@@ -127,11 +128,14 @@ class HierBatchingPlan(Plan):
         super().__init__(store, cfg)
         o = self.options
         self.pipeline = o.pipeline
-        pool = self._pool_option = getattr(o, "negative_pool", 0)      # composed (node stores only) has none
+        pool = self._pool_option = o.negative_pool
         if self.task != "link" and pool not in (0, "auto"):
             raise UserError("--negative-pool draws a link store's negatives; this is a node store (no negatives)")
-        self._pool = 0 if self.task != "link" else min(store.num_nodes, cfg.negatives * cfg.negative_chunks) \
-            if pool == "auto" else min(store.num_nodes, pool)
+        if not self.induces and pool not in (0, "auto"):
+            raise UserError("--negative-pool draws negatives for mega-batches that sample inside themselves "
+                            "(--induced); without it negatives are drawn over the whole graph")
+        self._pool = 0 if self.task != "link" or not self.induces else \
+            min(store.num_nodes, cfg.negatives * cfg.negative_chunks) if pool == "auto" else min(store.num_nodes, pool)
         parts = int(o.regroup.partition(":")[2]) if o.regroup else store.num_parts
         if parts < max(2, o.parts_per_megabatch):
             raise UserError(f"{self.name} needs a partitioned store with at least "
