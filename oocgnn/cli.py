@@ -444,8 +444,8 @@ def build_parser() -> argparse.ArgumentParser:
                                "distributed", "rank_data", "dist_timeout"))
     co.add_argument("--policies", default="",
                     help="policies to compare, comma-separated (default: every policy that trains the store's "
-                         "task: inmemory,mmap,hierbatching,outre,ginex,macrobatch,marius,composed,packed on a node "
-                         "store, all but composed on a link store, compared by MRR)")
+                         "task, now all of them: inmemory,mmap,hierbatching,outre,ginex,macrobatch,marius,composed,"
+                         "packed; a link store's are compared by MRR)")
     co.add_argument("--out", default=None, help="directory for the runs and comparison.{csv,png} "
                                                  "(default runs/compare-<store>)")
     co.add_argument("--figure", default="", help="also write the table and figure to this path, without "
