@@ -96,11 +96,12 @@ def test_link_policies_train_per_rank_and_read_what_the_simulator_predicts(parte
     assert abs(last[0] - last[1]) <= 0.03, last
 
 
-@pytest.mark.parametrize("negatives", ["targets", "shared pairs"])
+@pytest.mark.parametrize("negatives", ["targets", "shared pairs", "one edge"])
 def test_two_ranks_evaluate_the_link_metrics_of_one_process(parted_link, tmp_path, negatives):
     """The evaluation before any step (the same initial weights everywhere), full neighbourhoods: each rank ranks
     the held-out edges it owns and the summed counts are one process's MRR and Hits@K (OGB's shared negative pairs
-    too, whose Hits@20, 50, 100 every rank counts against all the pairs)."""
+    too, whose Hits@20, 50, 100 every rank counts against all the pairs); with one held-out edge a split, a rank
+    that owns none adds nothing."""
     store = parted_link
     if negatives == "shared pairs":
         from oocgnn.cli import main
@@ -110,8 +111,11 @@ def test_two_ranks_evaluate_the_link_metrics_of_one_process(parted_link, tmp_pat
         assert main(["prepare", str(root), "--task", "link", "--out", str(tmp_path / "ogb"), "--partitioner",
                      "random", "--parts", "4", "--quiet"]) == 0
         store = open_store(tmp_path / "ogb")
-    settings = {**COMMON, "epochs": 1, "max_steps": 1, "eval_fanouts": "-1,-1", "eval_every": 0}
-    _torchrun(store, tmp_path / "two", "inmemory", settings)
+    settings = {**COMMON, "epochs": 1, "max_steps": 1, "eval_fanouts": "-1,-1", "eval_every": 0,
+                "max_eval_nodes": 1 if negatives == "one edge" else 0}
+    summary, _ = _torchrun(store, tmp_path / "two", "inmemory", settings)
+    if negatives == "one edge":
+        assert summary["eval_edges"] == {"val": 1, "test": 1}, summary["eval_edges"]
     train(link_cfg(store, tmp_path, "one", **settings))
     two, one = (pd.read_csv(tmp_path / d / "log.csv") for d in ("two", "one"))
     cols = [c for c in one.columns if c.startswith(("val_", "test_")) and c != "val_loss"]
