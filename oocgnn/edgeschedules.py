@@ -70,11 +70,30 @@ class EdgeSchedule(Schedule):
 
 class _GroupedEdges:
     """What a schedule of groups adds for link prediction: its training edges' batches (`edge_batches`, an
-    `EdgeSchedule` of the same batch size and seed) and their negatives' settings among its params."""
+    `EdgeSchedule` of the same batch size and seed), their negatives' settings among its params, and for groups of
+    parts (mega-batches, macro batches) which group trains each edge (`part_groups`, `by_group`)."""
 
     def params(self):
         return {**super().params(), **{k: v for k, v in self.edge_batches.params().items()
                                        if k not in ("batch_size", "seed")}}
+
+    def part_groups(self, epoch) -> tuple:
+        """(perm, group_of): the epoch's part order and each part's group, `group_size` consecutive parts of it."""
+        perm = self.rng(epoch, 0).permutation(self.num_parts)
+        group_of = np.empty(self.num_parts, np.int64)
+        group_of[perm] = np.arange(self.num_parts) // self.group_size
+        return perm, group_of
+
+    def by_group(self, perm, home):
+        """(ranges, positions of the training edges whose `home` it is) of each group of parts (`part_groups`)
+        holding edges, in order (a mega-batch's, a macro batch's)."""
+        order = np.argsort(home, kind="stable")
+        count = -(-self.num_parts // self.group_size)
+        cut = np.searchsorted(home[order], np.arange(count + 1))
+        for i in range(count):
+            if cut[i + 1] > cut[i]:
+                parts = perm[i * self.group_size:(i + 1) * self.group_size]
+                yield _merge(r for k in parts for r in self.part_ranges(k)), order[cut[i]:cut[i + 1]]
 
 
 class EdgeBufferSchedule(_GroupedEdges, BufferSchedule):
@@ -243,9 +262,7 @@ class EdgeMegabatchSchedule(_GroupedEdges, MegabatchSchedule):
     def homes(self, epoch) -> tuple:
         """(perm, home, outsider): the epoch's part order (`groups`), each training edge's mega-batch and
         whether its destination is an outsider there (the class docstring's rule)."""
-        perm = self.rng(epoch, 0).permutation(self.num_parts)
-        group_of = np.empty(self.num_parts, np.int64)
-        group_of[perm] = np.arange(self.num_parts) // self.group_size
+        perm, group_of = self.part_groups(epoch)
         g = group_of[self.edge_parts]                                   # [M, 2]
         static = self._static_mask[self.edge_batches.edges]            # [M, 2]
         apart = g[:, 0] != g[:, 1]
@@ -257,20 +274,13 @@ class EdgeMegabatchSchedule(_GroupedEdges, MegabatchSchedule):
         mega-batches that hold edges, in order; outsiders are the rows read with it: the destinations outside its
         parts and its pool's nodes outside them."""
         perm, home, outsider = self.homes(epoch)
-        order = np.argsort(home, kind="stable")
-        count = -(-self.num_parts // self.group_size)
-        cut = np.searchsorted(home[order], np.arange(count + 1))
         dst = self.edge_batches.edges[:, 1]
         out = []
-        for i in range(count):
-            if cut[i + 1] > cut[i]:
-                positions = order[cut[i]:cut[i + 1]]
-                parts = perm[i * self.group_size:(i + 1) * self.group_size]
-                ranges = _merge(r for k in parts for r in self.part_ranges(k))
-                outsiders, pool = np.unique(dst[positions[outsider[positions]]]), self.pool(epoch, len(out))
-                if pool is not None:
-                    outsiders = np.union1d(outsiders, np.setdiff1d(pool, _ids_of_ranges(ranges), assume_unique=True))
-                out.append((ranges, positions, outsiders, pool))
+        for ranges, positions in self.by_group(perm, home):
+            outsiders, pool = np.unique(dst[positions[outsider[positions]]]), self.pool(epoch, len(out))
+            if pool is not None:
+                outsiders = np.union1d(outsiders, np.setdiff1d(pool, _ids_of_ranges(ranges), assume_unique=True))
+            out.append((ranges, positions, outsiders, pool))
         return out
 
     def epoch(self, epoch):
@@ -330,15 +340,8 @@ class EdgePartitionSchedule(_GroupedEdges, PartitionSchedule):
 
     def groups(self, epoch):
         """[(ranges, positions of its training edges)] of the epoch's macro batches that hold edges, in order."""
-        perm = self.rng(epoch, 0).permutation(self.num_parts)
-        group_of = np.empty(self.num_parts, np.int64)
-        group_of[perm] = np.arange(self.num_parts) // self.group_size
-        home = group_of[self.part_of_edge]
-        order = np.argsort(home, kind="stable")
-        count = -(-self.num_parts // self.group_size)
-        cut = np.searchsorted(home[order], np.arange(count + 1))
-        return [(_merge(r for k in perm[i * self.group_size:(i + 1) * self.group_size] for r in self.part_ranges(k)),
-                 order[cut[i]:cut[i + 1]]) for i in range(count) if cut[i + 1] > cut[i]]
+        perm, group_of = self.part_groups(epoch)
+        return list(self.by_group(perm, group_of[self.part_of_edge]))
 
     def epoch(self, epoch):
         rng, resident = self.rng(epoch, 1), self._previous(epoch)

@@ -125,7 +125,9 @@ class ComposedPlan(SampleAheadPlan, HierBatchingPlan):
         for ids in inputs:
             ids = np.sort(ids)
             k = np.searchsorted(lo, ids, side="right") - 1
-            inside = (k >= 0) & (ids < hi[np.maximum(k, 0)]) | np.isin(ids, held, assume_unique=True)
+            inside = (k >= 0) & (ids < hi[np.maximum(k, 0)])
+            if len(held):                                 # a link mega-batch's outsiders (--induced)
+                inside |= np.isin(ids, held, assume_unique=True)
             rows.append(ids)
             outside.append(np.flatnonzero(~(inside | static[ids])))
         fetch = self.fetcher([r[o] for r, o in zip(rows, outside)])
