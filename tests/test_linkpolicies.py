@@ -281,6 +281,22 @@ def test_outre_trains_every_edge_once_an_epoch_in_the_macro_batch_of_an_endpoint
         assert outside > 0
 
 
+def test_outre_trains_a_link_store_in_one_macro_batch_unless_asked(link16, fennel16):
+    """--parts-per-macro auto: OUTRE's 20 parts a macro batch on a node store; on a link store every part, so an
+    epoch is one macro batch of every training edge in random batches (a run's edges are not grouped by part);
+    a number is taken as given on either, and anything else is refused with the flag's name."""
+    cfg = TrainConfig.create(store=str(link16.path), batch_size=256, policy="outre", memory_budget="1500KB")
+    plan = make_plan(link16, cfg)
+    assert plan.options.parts_per_macro == "auto" and plan.parts_per_macro == link16.num_parts == 16
+    assert len(plan.schedule.groups(0)) == 1 and len(plan.schedule.groups(0)[0][1]) == len(plan.schedule.edge_batches.edges)
+    assert make_plan(link16, cfg.replace(parts_per_macro="4")).parts_per_macro == 4
+    node = make_plan(fennel16, TrainConfig.create(store=str(fennel16.path), policy="outre", memory_budget="1MB"))
+    assert node.parts_per_macro == 20 and node.schedule.n_per_macro == 20
+    for bad in ("0", "half", "2.5"):
+        with pytest.raises(UserError, match="parts_per_macro must be >= 1 or auto"):
+            make_plan(link16, cfg.replace(parts_per_macro=bad))
+
+
 COMPOSED = {"policy": "composed", "parts_per_megabatch": 4, "static_ratio": 0.02, "superbatch": 2,
             "memory_budget": "6MB"}
 
