@@ -309,16 +309,15 @@ STALENESS = 100              # OUTRE's staleness, in iterations (§4.3)
 PAPER_STEPS_PER_EPOCH = 1500   # papers100M's iterations an epoch in OUTRE's runs: its 100 is ~1/15 of an epoch
 
 
-def staleness_or_auto(value):
-    """--staleness: a whole number of iterations >= 1 (from the CLI's text too), or "auto"."""
-    if isinstance(value, str) and value != "auto":
-        try:
-            value = int(value)
-        except ValueError:
-            raise UserError(f"staleness is a whole number of iterations >= 1 or auto, got {value!r}") from None
-    if value != "auto" and value < 1:
-        raise UserError(f"staleness must be >= 1 iteration (1 disables reuse), got {value}")
-    return value
+def whole_or_auto(name, value, minimum=1, meaning=""):
+    """A setting that is a whole number >= `minimum` or "auto": the number (from the CLI's text too), or "auto".
+    `meaning` follows the bound in the refusal (e.g. " (0: the mega-batch's own nodes)")."""
+    if value == "auto":
+        return value
+    number = int(value) if isinstance(value, int) or str(value).strip().isdigit() else None
+    if number is None or number < minimum:
+        raise UserError(f"{name} must be >= {minimum}{meaning} or auto, got {value!r}")
+    return number
 
 
 def resolved_staleness(plan, value) -> int:

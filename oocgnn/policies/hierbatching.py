@@ -10,7 +10,7 @@ from ..edgeschedules import EdgeMegabatchSchedule
 from ..errors import UserError
 from ..partition import partition
 from ..schedules import make_schedule
-from .base import Plan, fraction_or_auto, passes_or_auto, register, setting
+from .base import Plan, fraction_or_auto, passes_or_auto, register, setting, whole_or_auto
 
 STATIC_RATIO, STATIC_SHARE = 0.15, 0.45
 PAPER_PASSES = 2.0        # HierBatching's p in its accuracy runs (§4, App. B)
@@ -111,14 +111,8 @@ class HierBatchingPlan(Plan):
             self.passes = passes_or_auto(self.passes)
             if self.static_scope not in ("adjacent", "all"):
                 raise UserError(f"static_scope must be adjacent or all, got {self.static_scope!r}")
-            if self.negative_pool != "auto":
-                try:
-                    self.negative_pool = int(self.negative_pool)
-                except ValueError:
-                    self.negative_pool = -1
-                if self.negative_pool < 0:
-                    raise UserError(f"negative_pool is a number of nodes >= 0 (0: the mega-batch's own nodes) or auto, "
-                                    f"got {self.negative_pool!r}")
+            self.negative_pool = whole_or_auto("negative_pool", self.negative_pool, 0,
+                                               " nodes (0: the mega-batch's own nodes)")
             if self.regroup:
                 method, _, parts = self.regroup.partition(":")
                 if not method or not parts.isdigit() or int(parts) < 1:

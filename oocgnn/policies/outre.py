@@ -15,7 +15,7 @@ from ..schedules import Step, make_schedule
 from ..topology import NeighbourLists, cross_partition_degree, neighbour_cache
 from ..trace import record_trace
 from .base import (_EMPTY, HistorySpec, Plan, fraction_or_auto, register, resolved_staleness, setting,
-                   staleness_or_auto)
+                   whole_or_auto)
 
 @register
 class OutrePlan(Plan):
@@ -49,17 +49,13 @@ class OutrePlan(Plan):
                                                "most 100 (resolved_staleness)")
 
         def __post_init__(self):
-            if self.parts_per_macro != "auto":
-                given = self.parts_per_macro
-                self.parts_per_macro = int(given) if str(given).strip().isdigit() else 0
-                if self.parts_per_macro < 1:
-                    raise UserError(f"parts_per_macro must be >= 1 or auto, got {given!r}")
+            self.parts_per_macro = whole_or_auto("parts_per_macro", self.parts_per_macro)
             if self.feature_cache not in ("degree", "frequency"):
                 raise UserError(f"feature_cache must be degree or frequency, got {self.feature_cache!r}")
             self.history_ratio = fraction_or_auto("history_ratio", self.history_ratio)
             if self.history_by not in ("importance", "degree"):
                 raise UserError(f"history_by must be importance or degree, got {self.history_by!r}")
-            self.staleness = staleness_or_auto(self.staleness)
+            self.staleness = whole_or_auto("staleness", self.staleness, meaning=" iteration (1 disables reuse)")
 
     def __init__(self, store, cfg):
         super().__init__(store, cfg)
