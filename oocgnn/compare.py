@@ -3,7 +3,7 @@ On a link store: time to MRR, among the policies that train link prediction.
 
 Each policy trains in a fresh process (`train.train_fresh`: its peak RSS and an mmap run's cgroup are
 its own) on the same store with the same settings and memory budget. A policy whose defaults do not
-fit the budget runs with the knobs of the tuner's grid (`tune.GRID`) that fit and keep the most
+fit the budget runs with the knobs of the tuner's grid (`tune.grid_for`) that fit and keep the most
 resident (its largest superbatch, macrobatch or mega-batch); one with none that fits, or whose run
 fails, is a row saying why, and the others still run.
 
@@ -28,7 +28,7 @@ from .errors import UserError
 from .metrics import SHARED_HITS, check_target, shared_negatives, summary_keys
 from .policies import POLICIES, make_plan
 from .store import open_store
-from .tune import GRID
+from .tune import grid_for
 from .units import format_size
 
 DEFAULT_POLICIES = tuple(POLICIES)      # every registered policy, in its `listed` order
@@ -56,7 +56,7 @@ def default_budget(store) -> str:
 
 def fitting_settings(store, cfg: TrainConfig, policy: str) -> tuple[dict, str]:
     """(settings, note) that make `policy`'s plan fit `cfg`'s budget: {} and "" when its defaults do, else
-    the grid point of `tune.GRID` that fits with the most resident bytes. Raises UserError (the
+    the grid point of `tune.grid_for` that fits with the most resident bytes. Raises UserError (the
     defaults' own message) when none fits."""
     try:
         make_plan(store, cfg.replace(policy=policy))
@@ -64,7 +64,7 @@ def fitting_settings(store, cfg: TrainConfig, policy: str) -> tuple[dict, str]:
     except UserError as e:
         refusal = e
     fits = []
-    for knobs in GRID.get(policy, []):
+    for knobs in grid_for(policy, store.task):
         try:
             plan = make_plan(store, cfg.replace(policy=policy, **knobs))
         except UserError:

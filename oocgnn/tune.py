@@ -35,7 +35,7 @@ from .policies import POLICIES, make_plan
 from .store import open_store
 from .units import parse_size
 
-# knobs tried per policy (each plan's `grid`); a knob's values whose plans do not fit the budget are dropped
+# knobs tried per policy (each plan's `grid`; on a link store see `grid_for`); a knob's values whose plans do not fit the budget are dropped
 GRID = {name: [dict(k) for k in plan.grid] for name, plan in POLICIES.items()}
 TUNE_FILES = {"tune.json", "ranking.csv", "chosen.json", "predicted_vs_measured.png", "runs"}   # what it writes
 MEGABATCH_KEEP = 3      # mega-batch policies: only the largest N_d that fit (more parts per mega-batch mix better)
@@ -43,22 +43,30 @@ RESULTS = ["measured_s", "ratio", *(key for m in METRICS + LINK_METRICS + SHARED
            "time_to_target_s"]    # measured (a run has its task's metrics: NaN for the others)
 
 
+def grid_for(policy: str, task: str = "node") -> list:
+    """The knobs the tuner tries for `policy` on a store of `task`: on a link store its plan's `link_grid`
+    where it has one (OUTRE's macro batches of 10, 20 or 40 parts would group a link store's edges, which lost
+    MRR and read no less: only its default there, one macro batch), else `GRID`'s."""
+    link = getattr(POLICIES.get(policy), "link_grid", None) if task == "link" else None
+    return [dict(k) for k in link] if link is not None else GRID.get(policy, [])
+
+
 def _label(policy, knobs) -> str:
     return policy + "".join(f" {k}={v:g}" if isinstance(v, float) else f" {k}={v}" for k, v in knobs.items())
 
 
 def candidates(store, cfg, policies=None) -> pd.DataFrame:
-    """Every (policy, knobs) of `GRID` for `cfg`'s store and budget: whether its plan fits and, if not, why."""
+    """Every (policy, knobs) of `grid_for` for `cfg`'s store and budget: whether its plan fits and, if not, why."""
     return _candidates(store, cfg, policies)[0]
 
 
 def _candidates(store, cfg, policies=None) -> tuple:
     """`candidates`, and the plans of the fitting ones by row (built once: OUTRE's profiles its split)."""
     rows, plans = [], {}
-    for policy, grid in GRID.items():
+    for policy in GRID:
         if policy not in POLICIES or (policies and policy not in policies):
             continue
-        for knobs in grid:
+        for knobs in grid_for(policy, store.task):
             row = {"config": _label(policy, knobs), "policy": policy, "knobs": json.dumps(knobs)}
             try:
                 c = cfg.replace(policy=policy, **knobs)

@@ -2,6 +2,8 @@
 once an epoch, its batches cut three ways, c = p equal to in-memory training), HierBatching's edges of a mega-batch
 and its negative pool, OUTRE's macro batches (histories included), the composed policy's unrestricted mega-batches,
 Ginex's and BatchGNN's batches; each reads what the simulator counts, learns, and the tuner ranks them."""
+import json
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -10,7 +12,7 @@ from oocgnn.config import TrainConfig
 from oocgnn.errors import UserError
 from oocgnn.policies import make_plan
 from oocgnn.train import train
-from oocgnn.tune import tune
+from oocgnn.tune import candidates, tune
 
 from .linkstores import link_cfg as _cfg
 
@@ -295,6 +297,11 @@ def test_outre_trains_a_link_store_in_one_macro_batch_unless_asked(link16, fenne
     for bad in ("0", "half", "2.5"):
         with pytest.raises(UserError, match="parts_per_macro must be >= 1 or auto"):
             make_plan(link16, cfg.replace(parts_per_macro=bad))
+    # the tuner tries OUTRE's macro batches of 10, 20 and 40 parts on a node store, only auto on a link store
+    link_tried = candidates(link16, cfg, ["outre"])
+    assert list(link_tried.knobs) == ["{}"] and list(link_tried.config) == ["outre"]
+    node_tried = candidates(fennel16, node.cfg, ["outre"])
+    assert [json.loads(k) for k in node_tried.knobs] == [{"parts_per_macro": k} for k in (10, 20, 40)]
 
 
 COMPOSED = {"policy": "composed", "parts_per_megabatch": 4, "static_ratio": 0.02, "superbatch": 2,

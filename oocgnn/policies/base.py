@@ -213,6 +213,7 @@ class Plan:
     io_pattern = ""          # how its reads look on the disk, in words (benchmarks print it beside the rates)
     listed = 100.0           # where `POLICIES` lists the policy (the seed's policies first, in the papers' order)
     grid = ({},)             # the tuner's knobs to try (`oocgnn.tune`); values whose plans do not fit are dropped
+    link_grid = None         # the knobs to try on a link store where they differ (None: `grid`)
 
     def describe(self) -> dict:
         """What the run summary says of the plan's own knobs, beside its memory (none by default)."""

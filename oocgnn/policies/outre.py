@@ -28,6 +28,7 @@ class OutrePlan(Plan):
     name, source, neighbour_cache_default = "outre", "OUTRE §4.2-4.4", 0.1
     io_pattern = "scattered cache misses, many in flight"
     grid = tuple({"parts_per_macro": k} for k in (10, 20, 40))
+    link_grid = ({},)            # auto, one macro batch: grouping a link store's edges read no less and lost MRR
     tasks = ("node", "link")     # link: an edge trains in the macro batch of one endpoint's part, sampled over the graph
 
     @dataclass
