@@ -97,9 +97,10 @@ class _GroupedEdges:
 
 
 class EdgeBufferSchedule(_GroupedEdges, BufferSchedule):
-    """MariusGNN §5 for link prediction: the training edges in edge buckets (i, j), i <= j, of their endpoints'
-    physical partitions; each bucket trains in one state holding both i and j (BETA: the first, greedy; COMET:
-    one drawn uniformly, MariusGNN §5.1's deferred random assignment), its edges shuffled with the state's others
+    """MariusGNN §5 for link prediction: the training edges in edge buckets (i, j) of their sources' and
+    destinations' physical partitions; each bucket trains in one state holding both i and j (BETA: the first,
+    greedy; COMET: one drawn uniformly, MariusGNN §5.1's deferred random assignment, (i, j) and (j, i) apart as in
+    its code), its edges shuffled with the state's others
     and cut into batches (`EdgeSchedule.batch`) whose uniform negatives are the buffer's nodes (MariusGNN
     draws them from the nodes in memory), so every seed is resident and sampling stays inside the buffer.
     An ordering must bring every pair of partitions together (BETA and COMET do; sequential does not).
@@ -129,25 +130,23 @@ class EdgeBufferSchedule(_GroupedEdges, BufferSchedule):
 
     @cached_property
     def bucket_of_edge(self) -> np.ndarray:
-        """int64 [M]: each training edge's bucket i·p + j (i <= j: an edge (u, v) has u < v, parts are ranges)."""
+        """int64 [M]: each training edge's bucket i·p + j, i its source's partition and j its destination's."""
         part = np.searchsorted(self.bounds, self.edge_batches.edges, side="right") - 1
         return part[:, 0] * self.p + part[:, 1]
 
     @cached_property
     def bucket_edges(self) -> np.ndarray:
-        """int64 [p, p]: training edges per bucket, mirrored ((i, j) and (j, i) both hold bucket (i, j)'s count)."""
-        counts = np.bincount(self.bucket_of_edge, minlength=self.p * self.p).reshape(self.p, self.p)
-        return counts + np.triu(counts, 1).T
+        """int64 [p, p]: training edges per bucket (i, j), each edge in its own."""
+        return np.bincount(self.bucket_of_edge, minlength=self.p * self.p).reshape(self.p, self.p)
 
     def bucket_states(self, epoch) -> np.ndarray:
         """int64 [p, p]: the state, numbered among the epoch's loaded states (`groups`), in which each edge bucket
-        trains, mirrored; -1 for a pair without training edges. BETA's is the first state holding the pair
-        (`orderings.first_shared` on its loaded states), COMET's one drawn among them."""
+        trains; -1 for a bucket without training edges. BETA's is the first state holding the pair
+        (`orderings.first_shared` on its loaded states), COMET's one drawn among them for each of (i, j), (j, i)."""
         out = np.full(self.p * self.p, -1, dtype=np.int64)
         for g, (_, positions) in enumerate(self.groups(epoch)):
             out[self.bucket_of_edge[positions]] = g
-        out = out.reshape(self.p, self.p)
-        return np.where(out >= 0, out, out.T)
+        return out.reshape(self.p, self.p)
 
     def groups(self, epoch):
         """[(state, training edges' positions)] of the epoch's states that hold edges, in order."""
@@ -157,8 +156,7 @@ class EdgeBufferSchedule(_GroupedEdges, BufferSchedule):
         for i, state in enumerate(states):
             for a in state:
                 for b in state:
-                    if a <= b:
-                        holding[a * self.p + b].append(i)
+                    holding[a * self.p + b].append(i)
         buckets = np.unique(self.bucket_of_edge)
         if self.ordering == "comet":
             pick = [h[int(rng.integers(len(h)))] for h in (holding[k] for k in buckets)]

@@ -230,16 +230,21 @@ def partition_tallies(state_of_bucket: np.ndarray, edges_of_bucket: np.ndarray) 
     """float [S, p]: for each partition k, the share of the training edges with an endpoint in k that have
     trained by the end of each state (MariusGNN §6's tallies t_i^v, per partition: a node's edges spread over
     the partitions of its neighbours, so a partition's share is its nodes' under the paper's uniform degrees).
-    `state_of_bucket` int [p, p]: the state each edge bucket trains in (-1: no edges), `edges_of_bucket`
-    [p, p]: its edges; both symmetric, an edge counted once (in (i, j) and (j, i) for i != j)."""
+    `state_of_bucket` int [p, p]: the state each edge bucket (i, j) trains in (-1: no edges), `edges_of_bucket`
+    [p, p]: its edges, each edge in one bucket; an edge of (i, j) counts for partition i and for j (once if
+    i = j)."""
     state = np.asarray(state_of_bucket)
     edges = np.asarray(edges_of_bucket, dtype=np.float64)
     if state.shape != edges.shape or state.ndim != 2 or state.shape[0] != state.shape[1]:
         raise UserError("state_of_bucket and edges_of_bucket must be two [p, p] arrays")
+
+    def by_partition(e):
+        return e.sum(axis=1) + e.sum(axis=0) - np.diag(e)
+
     n_states = int(state.max()) + 1 if state.size and state.max() >= 0 else 0
-    per_state = np.stack([np.where(state == i, edges, 0.0).sum(axis=1) for i in range(n_states)]) \
+    per_state = np.stack([by_partition(np.where(state == i, edges, 0.0)) for i in range(n_states)]) \
         if n_states else np.zeros((0, len(state)))
-    total = edges.sum(axis=1)
+    total = by_partition(edges)
     return np.cumsum(per_state, axis=0)[:, total > 0] / total[total > 0]
 
 

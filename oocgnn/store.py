@@ -33,7 +33,7 @@ from .codec import CODEC_FILE, Codec
 from .atomicdir import describe_leftovers, writing
 from .csrsource import CSRSource
 from .errors import StoreError, UserError
-from .linksplit import HELD_OUT
+from .linksplit import HELD_OUT, train_directions
 from .io import release_pages
 from .readers import open_reader
 from .storemeta import BIG_FILES, FORMAT, LINK_FILES, STAMP, VERSION, is_int, link_files, meta_checksum, meta_problem
@@ -345,12 +345,13 @@ class Store:
 
     @cached_property
     def train_edges(self) -> np.ndarray:
-        """A link store's training edges: int64 [M, 2], each undirected edge {u, v} of its topology once, as
-        (u, v) with u < v, in CSR order (a link store's topology holds its training edges only, `linksplit`)."""
+        """A link store's training edges: int64 [M, 2], each undirected edge {u, v} of its topology once, in CSR
+        order of u < v (a link store's topology holds its training edges only, `linksplit`), as (source,
+        destination) in the direction a fair coin fixed per edge (`linksplit.train_directions`)."""
         src = np.repeat(np.arange(self.num_nodes, dtype=np.int64), np.diff(self.indptr))
         indices = np.asarray(self.indices, dtype=np.int64)
         keep = indices > src
-        return np.stack([src[keep], indices[keep]], axis=1)
+        return train_directions(src[keep], indices[keep], self.orig_ids)
 
     def link_edges(self, split) -> np.ndarray:
         """A link store's held-out 'val' or 'test' edges: int64 [M, 2] store ids, memory-mapped."""

@@ -5,9 +5,9 @@ store's files read directly, GraphSAGE with mean aggregation as a row-normalised
 (fc_self(h) + fc_neigh(A_mean h), ReLU between layers; Hamilton et al. 2017), a dot-product decoder, and
 MariusGNN's softmax loss (−pos + logsumexp([pos, negs]), averaged) with one shared set of negatives per step,
 full batch: every training edge in every step, embeddings of the whole graph. What it shares with oocgnn is what
-the comparison must hold fixed: the negatives (`negatives.batch_negatives` keyed by (seed, epoch, 0)), the
-evaluation's negatives (`negatives.eval_targets_at`) and OGB's metrics (`linkmetrics.RankMetrics`), and, passed
-in, the initial weights.
+the comparison must hold fixed: the training edges' directions (`linksplit.train_directions`), the negatives
+(`negatives.batch_negatives` keyed by (seed, epoch, 0)), the evaluation's negatives (`negatives.eval_targets_at`)
+and OGB's metrics (`linkmetrics.RankMetrics`), and, passed in, the initial weights.
 """
 import json
 
@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from oocgnn.linkmetrics import RankMetrics
+from oocgnn.linksplit import train_directions
 from oocgnn.negatives import batch_negatives, eval_targets_at
 
 
@@ -72,7 +73,7 @@ def train_reference(path, init, epochs, lr, num_negatives, seed=0, eval_negative
     adj = mean_adjacency(indptr, indices)
     src = np.repeat(np.arange(n), np.diff(indptr))
     keep = indices > src
-    edges = np.stack([src[keep], indices[keep]], 1)                 # each training edge once
+    edges = train_directions(src[keep], indices[keep], np.load(path / "orig_ids.npy"))   # each once, as trained
     params = [tuple(t.detach().clone().requires_grad_() for t in layer) for layer in init]
     opt = torch.optim.Adam([t for layer in params for t in layer], lr=lr)
     e_src, e_dst = torch.from_numpy(edges[:, 0]), torch.from_numpy(edges[:, 1])

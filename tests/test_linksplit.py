@@ -166,6 +166,25 @@ def test_a_link_store_holds_the_held_out_edges_in_store_ids(link_store):
     assert open_store(s.path, verify="full").task == "link"
 
 
+def test_training_edges_train_in_a_fixed_coin_flip_direction_the_same_under_any_relabelling(link_store, tmp_path):
+    """`Store.train_edges`: every training pair once, its direction a coin fixed per pair by its original ids
+    (`linksplit.train_directions`), not by store id: in store-id order partition 0's nodes would be the sources
+    (the side a batch does not corrupt) of nearly all their edges and the last partition's of none. Another
+    relabelling of the same split (another order and parts) trains the same directed pairs."""
+    g, s = link_store
+    e, orig = s.train_edges, s.orig_ids
+    assert e.shape == (g.num_edges // 2, 2) and e.dtype == np.int64
+    undirected = {(min(a, b), max(a, b)) for a, b in as_pairs(orig[e])}
+    assert len(undirected) == len(e) and all(p in entries(g.indptr, g.indices) for p in undirected)
+    assert 0.45 < (e[:, 0] < e[:, 1]).mean() < 0.55                        # not store-id order
+    part = np.searchsorted(s.part_offsets, np.arange(N), side="right") - 1
+    sources = np.bincount(part[e[:, 0]], minlength=2) / np.bincount(part[e].ravel(), minlength=2)
+    assert (np.abs(sources - 0.5) < 0.05).all(), sources                     # each partition's nodes: half sources
+    other = write_store(g, tmp_path / "other", order=np.random.default_rng(9).permutation(N),
+                        part_offsets=[0, 50, 170, N], progress=False)
+    assert set(as_pairs(other.orig_ids[other.train_edges])) == set(as_pairs(orig[e]))
+
+
 def _rewrite_meta(path, edit):
     meta = json.loads((path / "meta.json").read_text())
     edit(meta)
